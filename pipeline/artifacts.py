@@ -1,0 +1,162 @@
+"""Fingerprints, atomic directory writes and manifests: the one place caching lives.
+
+A stage directory is complete when its `manifest.json` exists. Everything is written into a
+hidden temporary sibling first, flushed, and renamed into place in one `os.rename`, so a process
+killed at any moment leaves either nothing or a complete directory, never a half-written one
+that a later run could take for complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+MANIFEST = "manifest.json"
+
+
+def fingerprint(*parts: Any) -> str:
+    """A short stable hash of JSON-serialisable parts (dict keys sorted)."""
+    blob = json.dumps(parts, sort_keys=True, default=str, ensure_ascii=False).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tree_fingerprint(path: str | Path) -> str:
+    """Content hash of a file, or of every file under a folder (names and bytes)."""
+    path = Path(path)
+    if path.is_file():
+        return file_sha256(path)
+    h = hashlib.sha256()
+    for p in sorted(q for q in path.rglob("*") if q.is_file()):
+        h.update(str(p.relative_to(path)).encode("utf-8") + b"\0")
+        h.update(file_sha256(p).encode("ascii"))
+    return h.hexdigest()
+
+
+def code_fingerprint(*modules: Any) -> str:
+    """Hash of the source of the modules implementing a stage: a code change invalidates its cache."""
+    h = hashlib.sha256()
+    for mod in modules:
+        h.update(Path(mod.__file__).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def is_complete(path: str | Path) -> bool:
+    return (Path(path) / MANIFEST).is_file()
+
+
+def fsync_tree(path: Path) -> None:
+    """Flush every file and directory entry under `path` to disk."""
+    for p in [path, *path.rglob("*")]:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_dir(final: str | Path, replace: bool = False) -> Iterator[Path]:
+    """Yield a temporary directory that becomes `final` only if the block succeeds.
+
+    With replace=True an existing `final` is moved aside first and deleted after the rename.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        fsync_tree(tmp)
+        old = None
+        if final.exists():
+            if not replace:
+                raise FileExistsError(f"{final} already exists")
+            old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync_dir(final.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write JSON to `path` through a temporary file and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, ensure_ascii=False, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"missing file: {path}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON (line {e.lineno}): {e.msg}") from None
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries whose behaviour shapes the artifacts (only those installed)."""
+    from importlib import metadata
+
+    names = ["torch", "transformers", "accelerate", "datasets", "tokenizers", "evaluate", "datasketch", "ftfy", "numpy"]
+    out = {"python": sys.version.split()[0]}
+    for name in names:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[name] = metadata.version(name)
+    return out
+
+
+def git_commit(path: str | Path = ".") -> str:
+    """The commit of the code being run, or '' outside a git checkout."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() if out.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def manifest(**fields: Any) -> dict:
+    return {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": library_versions(), **fields}

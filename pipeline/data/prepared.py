@@ -1,0 +1,45 @@
+"""Reading what prepare wrote: the tokenized splits, the tokenizer and the class names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline import artifacts
+from pipeline.config import Config
+
+
+@dataclass
+class Prepared:
+    splits: Any  # datasets.DatasetDict with input_ids, attention_mask, length, label, id, text, chunk
+    tokenizer_dir: Path
+    label_names: list[str]
+    fingerprint: str
+
+
+def load_prepared(cfg: Config, config_path: str = "<config>") -> Prepared:
+    """Load the prepared data for `cfg`, or explain which prepare command makes it."""
+    import datasets
+
+    from pipeline.data.runner import PREPARED, data_config_fingerprint
+
+    pointer = cfg.data_dir / PREPARED
+    cmd = f"python pipeline/prepare.py --config {config_path}"
+    if not pointer.is_file():
+        raise FileNotFoundError(f"no prepared data at {cfg.data_dir}: run `{cmd}` first")
+    info = artifacts.read_json(pointer)
+    if info.get("config_fingerprint") != data_config_fingerprint(cfg):
+        raise ValueError(
+            f"the prepared data in {cfg.data_dir} was made with other data settings than this config; "
+            f"run `{cmd}` again (it reuses every stage that did not change)"
+        )
+    stage_dir = Path(info["stage_dir"])
+    if not artifacts.is_complete(stage_dir):
+        raise FileNotFoundError(f"prepared data {stage_dir} is missing or incomplete: run `{cmd}`")
+    return Prepared(
+        splits=datasets.load_from_disk(str(stage_dir / "data")),
+        tokenizer_dir=stage_dir / "tokenizer",
+        label_names=list(info["label_names"]),
+        fingerprint=info["fingerprint"],
+    )

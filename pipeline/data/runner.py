@@ -1,0 +1,152 @@
+"""The prepare runner: the stage table, fingerprint-keyed caching, manifests and the report.
+
+Stage k's directory is `<data_dir>/stages/<k>-<name>-<fingerprint>`, where the fingerprint covers
+the stage's config sections, the source of its code and the fingerprint of its input. A complete
+directory (manifest present) is reused without loading anything; the first stage whose directory
+is missing (or forced) and every stage after it run again.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from pipeline import artifacts
+from pipeline.config import Config, pretrained_tokenizer_name
+from pipeline.data.common import StageContext, StageResult, num_rows
+
+PREPARED = "prepared.json"
+STAGE_NAMES = ("load", "clean", "dedup", "split", "label", "tokenize")
+
+
+@dataclass
+class Stage:
+    name: str
+    run: Callable[[Any, StageContext], StageResult]
+    config: tuple  # the config sections (or values) this stage's output depends on
+    modules: tuple  # the modules whose source defines this stage
+
+
+def stage_table(cfg: Config) -> list[Stage]:
+    """The pipeline, in order. Reads like a table of contents."""
+    from pipeline.data import clean, dedup, encode, label, minhash, sources, split
+
+    tok = (cfg.tokenize, pretrained_tokenizer_name(cfg) if cfg.tokenize.kind == "pretrained" else "")
+    return [
+        Stage("load", lambda _, ctx: sources.load(cfg.source, ctx), (cfg.source,), (sources,)),
+        Stage("clean", lambda d, ctx: clean.clean(d, cfg.clean, ctx), (cfg.clean,), (clean,)),
+        Stage("dedup", lambda d, ctx: dedup.dedup(d, cfg.dedup, ctx), (cfg.dedup,), (dedup, minhash)),
+        Stage("split", lambda d, ctx: split.split(d, cfg.split, cfg.dedup, ctx), (cfg.split, cfg.dedup), (split, minhash)),
+        Stage("label", lambda d, ctx: label.label(d, cfg.label, ctx), (cfg.label,), (label,)),
+        Stage("tokenize", lambda d, ctx: encode.encode(d, cfg.tokenize, tok[1], ctx), tok, (encode,)),
+    ]
+
+
+def data_config_fingerprint(cfg: Config) -> str:
+    """Fingerprint of every setting that shapes the prepared data (not the source bytes)."""
+    tok = pretrained_tokenizer_name(cfg) if cfg.tokenize.kind == "pretrained" else ""
+    return artifacts.fingerprint(
+        asdict(cfg.source), asdict(cfg.clean), asdict(cfg.dedup), asdict(cfg.split), asdict(cfg.label),
+        asdict(cfg.tokenize), tok,
+    )
+
+
+def _config_dicts(values: tuple) -> list:
+    return [asdict(v) if hasattr(v, "__dataclass_fields__") else v for v in values]
+
+
+def run(cfg: Config, force: bool = False, from_stage: str | None = None, progress: bool = True) -> list[dict]:
+    """Run (or reuse) every stage; return one report row per stage."""
+    from pipeline.data import sources
+
+    if from_stage is not None and from_stage not in STAGE_NAMES:
+        raise ValueError(f"--from {from_stage!r} is not a stage; stages: {', '.join(STAGE_NAMES)}")
+    first_forced = 0 if force else (STAGE_NAMES.index(from_stage) if from_stage else len(STAGE_NAMES))
+    stages_root = cfg.data_dir / "stages"
+    input_fp = sources.fingerprint(cfg.source)
+    data, data_dir, rows = None, None, []
+    for k, stage in enumerate(stage_table(cfg)):
+        fp = artifacts.fingerprint(stage.name, artifacts.code_fingerprint(*stage.modules), _config_dicts(stage.config), input_fp)
+        out = stages_root / f"{k}-{stage.name}-{fp}"
+        if k >= first_forced and out.exists():
+            shutil.rmtree(out)
+        if artifacts.is_complete(out):
+            man = artifacts.read_json(out / artifacts.MANIFEST)
+            rows.append({**_row(man), "cached": True, "seconds": 0.0})
+            data = None  # loaded lazily, only if a later stage must run
+        else:
+            if data is None and data_dir is not None:
+                data = _load(data_dir)
+            data, man = _run_stage(stage, data, out, fp, input_fp, cfg, progress)
+            rows.append({**_row(man), "cached": False})
+        input_fp, data_dir = fp, out
+    artifacts.write_json_atomic(
+        cfg.data_dir / PREPARED,
+        {
+            "stage_dir": str(data_dir.resolve()),
+            "fingerprint": input_fp,
+            "config_fingerprint": data_config_fingerprint(cfg),
+            "label_names": artifacts.read_json(data_dir / artifacts.MANIFEST)["stats"].get("label_names", []),
+        },
+    )
+    artifacts.write_json_atomic(cfg.data_dir / "report.json", rows)
+    return rows
+
+
+def _load(stage_dir: Path) -> Any:
+    import datasets
+
+    return datasets.load_from_disk(str(stage_dir / "data"))
+
+
+def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, cfg: Config, progress: bool):
+    start = time.perf_counter()
+    rows_in = num_rows(data) if data is not None else None
+    with artifacts.atomic_dir(out, replace=True) as tmp:
+        ctx = StageContext(out_dir=tmp, num_proc=max(cfg.dedup.num_proc, cfg.tokenize.num_proc), progress=progress)
+        result = stage.run(data, ctx)
+        if num_rows(result.data) == 0:
+            raise ValueError(
+                f"stage '{stage.name}' left no rows (dropped: {result.dropped or 'none'}); "
+                f"loosen its settings in the [{stage.name}] section of the config"
+            )
+        result.data.save_to_disk(str(tmp / "data"))
+        man = artifacts.manifest(
+            stage=stage.name,
+            fingerprint=fp,
+            input_fingerprint=input_fp,
+            rows_in=rows_in if rows_in is not None else num_rows(result.data) + sum(result.dropped.values()),
+            rows_out=num_rows(result.data),
+            dropped=result.dropped,
+            seconds=round(time.perf_counter() - start, 3),
+            stats=result.stats,
+            config=_config_dicts(stage.config),
+        )
+        artifacts.write_json_atomic(tmp / artifacts.MANIFEST, man)  # written last: marks completeness
+    return _load(out), man
+
+
+def _row(man: dict) -> dict:
+    return {
+        "stage": man["stage"],
+        "rows_in": man["rows_in"],
+        "rows_out": man["rows_out"],
+        "dropped": man["dropped"],
+        "seconds": man["seconds"],
+    }
+
+
+def format_report(rows: list[dict]) -> str:
+    """The table printed at the end of prepare."""
+    header = f"{'stage':<9} {'rows in':>8} {'rows out':>9} {'time s':>7}  {'cached':<6}  dropped"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        dropped = ", ".join(f"{k}={v}" for k, v in sorted(r["dropped"].items()) if v) or "-"
+        lines.append(
+            f"{r['stage']:<9} {r['rows_in']:>8} {r['rows_out']:>9} {r['seconds']:>7.2f}  "
+            f"{'yes' if r['cached'] else 'no':<6}  {dropped}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,39 @@
+"""Prepare the data: load → clean → dedup → split → label → tokenize, each stage cached on disk.
+
+    python pipeline/prepare.py --dedup minhash [--config configs/default.yaml] [section.key=value ...]
+"""
+
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # pipeline/ is sys.path[0] here and would shadow libraries (evaluate)
+    _here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
+    sys.path.insert(0, str(_here.parent))
+
+from pipeline.config import config_from_args, make_parser  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipeline.data import runner
+
+    parser = make_parser("prepare.py", __doc__)
+    parser.add_argument("--dedup", choices=("none", "exact", "minhash"), help="shorthand for dedup.method=...")
+    parser.add_argument("--force", action="store_true", help="redo every stage, cached or not")
+    parser.add_argument("--from", dest="from_stage", choices=runner.STAGE_NAMES, help="redo this stage and the ones after it")
+    parser.add_argument("--num-proc", type=int, help="processes for the heavy stages (dedup, tokenize)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    cfg = config_from_args(
+        args, {"dedup.method": args.dedup, "dedup.num_proc": args.num_proc, "tokenize.num_proc": args.num_proc}
+    )
+    rows = runner.run(cfg, force=args.force, from_stage=args.from_stage, progress=not args.quiet)
+    print(runner.format_report(rows))
+    print(f"prepared data: {cfg.data_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    from pipeline.cli import run_main
+
+    run_main(main)
