@@ -60,36 +60,40 @@ def _config_dicts(values: tuple) -> list:
 
 def run(cfg: Config, force: bool = False, from_stage: str | None = None, progress: bool = True) -> list[dict]:
     """Run (or reuse) every stage; return one report row per stage."""
+    import datasets
+
     from pipeline.data import sources
 
+    datasets.disable_caching()  # stages cache themselves; no cache-*.arrow files inside earlier stages' dirs
     if from_stage is not None and from_stage not in STAGE_NAMES:
         raise ValueError(f"--from {from_stage!r} is not a stage; stages: {', '.join(STAGE_NAMES)}")
     first_forced = 0 if force else (STAGE_NAMES.index(from_stage) if from_stage else len(STAGE_NAMES))
     stages_root = cfg.data_dir / "stages"
     input_fp = sources.fingerprint(cfg.source)
-    data, data_dir, rows = None, None, []
+    data, data_dir, rows, manifests = None, None, [], {}
     for k, stage in enumerate(stage_table(cfg)):
         fp = artifacts.fingerprint(stage.name, artifacts.code_fingerprint(*stage.modules), _config_dicts(stage.config), input_fp)
         out = stages_root / f"{k}-{stage.name}-{fp}"
         if k >= first_forced and out.exists():
             shutil.rmtree(out)
+        t0 = time.perf_counter()
         if artifacts.is_complete(out):
             man = artifacts.read_json(out / artifacts.MANIFEST)
-            rows.append({**_row(man), "cached": True, "seconds": 0.0})
+            rows.append({**_row(man), "cached": True, "seconds": round(time.perf_counter() - t0, 3)})
             data = None  # loaded lazily, only if a later stage must run
         else:
             if data is None and data_dir is not None:
                 data = _load(data_dir)
             data, man = _run_stage(stage, data, out, fp, input_fp, cfg, progress)
             rows.append({**_row(man), "cached": False})
-        input_fp, data_dir = fp, out
+        input_fp, data_dir, manifests[stage.name] = fp, out, man
     artifacts.write_json_atomic(
         cfg.data_dir / PREPARED,
         {
             "stage_dir": str(data_dir.resolve()),
             "fingerprint": input_fp,
             "config_fingerprint": data_config_fingerprint(cfg),
-            "label_names": artifacts.read_json(data_dir / artifacts.MANIFEST)["stats"].get("label_names", []),
+            "label_names": manifests["label"]["stats"]["label_names"],
         },
     )
     artifacts.write_json_atomic(cfg.data_dir / "report.json", rows)

@@ -1,0 +1,134 @@
+"""Tokenize stage: WordPiece or byte-level BPE ids with attention masks, truncated, never padded.
+
+The tokenizer is either a pretrained one (its files copied into the artifact) or a new one trained
+here on the train split only, so validation/test text never shapes the vocabulary. Encoding uses
+the `tokenizers` library directly: fast batch encoding in Rust, and no torch import in prepare.
+The artifact's `tokenizer/` folder is a regular transformers tokenizer folder (AutoTokenizer loads it).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.config import TokenizeConfig
+from pipeline.data.common import SPLITS, StageContext, StageResult
+from pipeline.resolve import resolve_pretrained
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "merges.txt")
+WORDPIECE_SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]"}
+BPE_SPECIALS = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "pad_token": "<pad>"}
+
+
+def _pretrained_files(name: str, dest: Path) -> Path:
+    """Copy a pretrained tokenizer's files into `dest`; returns the tokenizer.json path."""
+    src = resolve_pretrained(name)
+    if Path(src).is_dir():
+        folder = Path(src)
+    else:  # a hub id: fetch only the tokenizer files (fails fast and clearly when offline)
+        from huggingface_hub import snapshot_download
+
+        try:
+            folder = Path(snapshot_download(src, allow_patterns=list(TOKENIZER_FILES)))
+        except Exception as e:  # noqa: BLE001 - the hub client raises many types; the user needs one message
+            raise FileNotFoundError(f"tokenizer '{name}' is not a local folder and could not be fetched from the hub: {e}") from None
+    dest.mkdir(parents=True, exist_ok=True)
+    if (folder / "tokenizer.json").is_file():
+        for f in TOKENIZER_FILES:
+            if (folder / f).is_file():
+                shutil.copy2(folder / f, dest / f)
+    else:  # a slow-only tokenizer (vocab.txt / merges.txt): let transformers convert it once
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(str(folder)).save_pretrained(str(dest))
+    return dest / "tokenizer.json"
+
+
+def _train_wordpiece(texts, cfg: TokenizeConfig):
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = list(WORDPIECE_SPECIALS.values())
+    trainer = trainers.WordPieceTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, special_tokens=specials)
+    tok.train_from_iterator(texts, trainer=trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    tok.decoder = decoders.WordPiece()
+    return tok, WORDPIECE_SPECIALS
+
+
+def _train_bpe(texts, cfg: TokenizeConfig):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
+        special_tokens=["<|endoftext|>", "<pad>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok, BPE_SPECIALS
+
+
+def _save_trained(tok, specials: dict, dest: Path, cfg: TokenizeConfig) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    tok.save(str(dest / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_length, **specials}
+    (dest / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    (dest / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
+
+
+def build_tokenizer(train_texts, cfg: TokenizeConfig, pretrained: str, dest: Path):
+    """Make the artifact's tokenizer folder at `dest`; return a `tokenizers.Tokenizer` set to truncate."""
+    from tokenizers import Tokenizer
+
+    if cfg.kind == "pretrained":
+        tok = Tokenizer.from_file(str(_pretrained_files(pretrained, dest)))
+    else:
+        tok, specials = (_train_wordpiece if cfg.kind == "wordpiece" else _train_bpe)(train_texts, cfg)
+        _save_trained(tok, specials, dest, cfg)
+    tok.no_padding()  # padding happens per batch at training time
+    tok.enable_truncation(max_length=cfg.max_length)
+    tok.save(str(dest / "tokenizer.json"))  # the artifact encodes exactly as this stage did
+    return tok
+
+
+def length_stats(lengths: list[int], truncated: list[bool]) -> dict:
+    if not lengths:
+        return {"p50": 0, "p95": 0, "max": 0, "truncated_fraction": 0.0}
+    arr = np.asarray(lengths)
+    return {
+        "p50": float(np.percentile(arr, 50)), "p95": float(np.percentile(arr, 95)), "max": int(arr.max()),
+        "truncated_fraction": round(float(np.mean(truncated)), 4),
+    }
+
+
+def encode(dd, cfg: TokenizeConfig, pretrained: str, ctx: StageContext) -> StageResult:
+    """DatasetDict with text -> + input_ids, attention_mask, length (tokens); tokenizer saved alongside."""
+    from datasets import DatasetDict
+
+    tok = build_tokenizer(iter(dd["train"]["text"]), cfg, pretrained, ctx.out_dir / "tokenizer")
+
+    def enc(batch):
+        out = tok.encode_batch(batch["text"])
+        return {
+            "input_ids": [e.ids for e in out],
+            "attention_mask": [e.attention_mask for e in out],
+            "length": [len(e.ids) for e in out],
+            "truncated": [bool(e.overflowing) for e in out],
+        }
+
+    result, stats = {}, {"kind": cfg.kind, "vocab_size": tok.get_vocab_size(), "max_length": cfg.max_length}
+    for s in SPLITS:
+        mapped = dd[s].map(enc, batched=True, batch_size=1000, desc=f"tokenize {s}")
+        stats[s] = length_stats(mapped["length"], mapped["truncated"])
+        result[s] = mapped.remove_columns("truncated")
+    return StageResult(DatasetDict(result), {}, stats)

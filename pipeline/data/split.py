@@ -1,0 +1,149 @@
+"""Split stage: documents to train/validation/test, a leakage check across splits, and chunking.
+
+A document's split comes from a seeded hash of its id, never from its row position, so adding
+documents never moves the others (stratify=false) or moves only the few that sit at a class's
+quantile boundaries (stratify=true, which gives exact per-class proportions). Chunks are cut
+after the assignment, so every chunk of a document lands in the document's split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import defaultdict
+
+from pipeline.config import DedupConfig, SplitConfig
+from pipeline.data.common import SPLITS, StageContext, StageResult
+
+SOURCE_SPLIT_NAMES = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
+                      "val": "validation", "dev": "validation", "test": "test", "testing": "test"}
+_SENTENCE_END = re.compile(r"(?<=[.!?…])\s+")
+
+
+def unit_hash(seed: int, doc_id: str) -> float:
+    """A uniform number in [0, 1) fixed by (seed, id): the document's place in every split decision."""
+    digest = hashlib.blake2b(f"{seed}\0{doc_id}".encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+def assign(ids: list[str], labels: list[str], ratios: tuple[float, float, float], seed: int, stratify: bool) -> list[str]:
+    """Split name per document. Hash thresholds, or per-class hash ranks cut at the ratios."""
+    u = [unit_hash(seed, i) for i in ids]
+    cut_train, cut_val = ratios[0], ratios[0] + ratios[1]
+    if not stratify:
+        return ["train" if x < cut_train else "validation" if x < cut_val else "test" for x in u]
+    out = [""] * len(ids)
+    by_label: dict[str, list[int]] = defaultdict(list)
+    for k, lab in enumerate(labels):
+        by_label[lab].append(k)
+    for members in by_label.values():
+        members.sort(key=lambda k: (u[k], ids[k]))
+        n = len(members)
+        n_train, n_val = round(n * cut_train), round(n * cut_val)
+        for rank, k in enumerate(members):
+            out[k] = "train" if rank < n_train else "validation" if rank < n_val else "test"
+    return out
+
+
+def _from_source(ds, cfg: SplitConfig) -> list[str] | None:
+    """Use the source's own split; a missing validation split is carved from train by hash."""
+    raw = ds["source_split"]
+    if not cfg.use_source_split or not any(raw):
+        return None
+    unknown = sorted({r for r in raw if r.lower() not in SOURCE_SPLIT_NAMES})
+    if unknown:
+        raise ValueError(
+            f"source split names {unknown} are not train/validation/test (or a known alias: "
+            f"{', '.join(sorted(SOURCE_SPLIT_NAMES))}); set split.use_source_split=false to re-split by ratio"
+        )
+    names = [SOURCE_SPLIT_NAMES[r.lower()] for r in raw]
+    if "validation" not in names and cfg.validation > 0:
+        share = cfg.validation / (cfg.train + cfg.validation)
+        ids = ds["id"]
+        names = [
+            "validation" if n == "train" and unit_hash(cfg.seed, ids[k]) < share else n for k, n in enumerate(names)
+        ]
+    return names
+
+
+def chunk_text(text: str, cfg: SplitConfig) -> list[str]:
+    """Cut a long text into chunks of at most chunk_size words (sentences kept whole where possible)."""
+    words = text.split()
+    if cfg.chunk == "none" or len(words) <= cfg.chunk_size:
+        return [text]
+    if cfg.chunk == "words":
+        stride = cfg.chunk_size - cfg.chunk_overlap
+        starts = range(0, max(len(words) - cfg.chunk_overlap, 1), stride)
+        return [" ".join(words[s : s + cfg.chunk_size]) for s in starts]
+    chunks, current = [], []
+    for sentence in _SENTENCE_END.split(text):
+        sw = sentence.split()
+        if current and len(current) + len(sw) > cfg.chunk_size:
+            chunks.append(" ".join(current))
+            current = []
+        while len(sw) > cfg.chunk_size:  # one sentence longer than a chunk: cut it by words
+            chunks.append(" ".join(sw[: cfg.chunk_size]))
+            sw = sw[cfg.chunk_size :]
+        current += sw
+    if current:
+        chunks.append(" ".join(current))
+    return chunks
+
+
+def _chunk_rows(ds, cfg: SplitConfig):
+    def cut(batch):
+        out = {k: [] for k in ("id", "text", "label", "chunk")}
+        for doc_id, text, label in zip(batch["id"], batch["text"], batch["label"]):
+            for k, piece in enumerate(chunk_text(text, cfg)):
+                out["id"].append(doc_id)
+                out["text"].append(piece)
+                out["label"].append(label)
+                out["chunk"].append(k)
+        return out
+
+    return ds.map(cut, batched=True, remove_columns=ds.column_names, desc="chunk")
+
+
+def _leakage(parts: dict, cfg: SplitConfig, dedup_cfg: DedupConfig, ctx: StageContext) -> tuple[dict, dict]:
+    """Find validation/test documents with a near-duplicate in train; drop them when cfg says so."""
+    from pipeline.data.minhash import cross_duplicates
+
+    dropped, leaks = {}, []
+    train = parts["train"]
+    for name in ("validation", "test"):
+        if parts[name].num_rows == 0 or train.num_rows == 0:
+            continue
+        hits = cross_duplicates(train["text"], parts[name]["text"], dedup_cfg, cfg.leakage_threshold)
+        qids, tids = parts[name]["id"], train["id"]
+        leaks += [{"split": name, "id": qids[q], "train_id": tids[r], "jaccard": round(j, 4)} for q, r, j in hits]
+        if hits and cfg.leakage == "remove":
+            bad = {q for q, _, _ in hits}
+            parts[name] = parts[name].select([k for k in range(parts[name].num_rows) if k not in bad])
+            dropped[f"leak_{name}"] = len(bad)
+    with open(ctx.out_dir / "leakage.jsonl", "w", encoding="utf-8") as f:
+        for row in leaks:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    found = {name: sum(1 for r in leaks if r["split"] == name) for name in ("validation", "test")}
+    return dropped, found
+
+
+def split(ds, cfg: SplitConfig, dedup_cfg: DedupConfig, ctx: StageContext) -> StageResult:
+    """Dataset with id/text/label/source_split -> DatasetDict train/validation/test (+ chunk column)."""
+    from datasets import DatasetDict
+
+    names = _from_source(ds, cfg)
+    source_kept = names is not None
+    if names is None:
+        names = assign(ds["id"], ds["label"], (cfg.train, cfg.validation, cfg.test), cfg.seed, cfg.stratify)
+    rows: dict[str, list[int]] = {s: [] for s in SPLITS}
+    for k, name in enumerate(names):
+        rows[name].append(k)
+    base = ds.remove_columns("source_split")
+    parts = {s: base.select(rows[s]) for s in SPLITS}
+    dropped, found = ({}, {}) if cfg.leakage == "off" else _leakage(parts, cfg, dedup_cfg, ctx)
+    docs = {s: parts[s].num_rows for s in SPLITS}
+    out = DatasetDict({s: _chunk_rows(parts[s], cfg) for s in SPLITS})
+    stats = {"source_split_kept": source_kept, "documents": docs, "rows": {s: out[s].num_rows for s in SPLITS},
+             "leaks_found": found}
+    return StageResult(out, dropped, stats)
