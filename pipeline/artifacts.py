@@ -98,6 +98,30 @@ def atomic_dir(final: str | Path, replace: bool = False) -> Iterator[Path]:
         raise
 
 
+def remove_stale_temporaries(parent: str | Path) -> list[Path]:
+    """Delete temporary directories left by processes that died mid-write (their pid is gone)."""
+    removed = []
+    for p in Path(parent).glob(".*.tmp-*"):
+        try:
+            pid = int(p.name.rsplit(".tmp-", 1)[1].split("-")[0])
+        except ValueError:
+            continue
+        if not _alive(pid):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -69,6 +69,7 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
         raise ValueError(f"--from {from_stage!r} is not a stage; stages: {', '.join(STAGE_NAMES)}")
     first_forced = 0 if force else (STAGE_NAMES.index(from_stage) if from_stage else len(STAGE_NAMES))
     stages_root = cfg.data_dir / "stages"
+    artifacts.remove_stale_temporaries(stages_root)
     input_fp = sources.fingerprint(cfg.source)
     data, data_dir, rows, manifests = None, None, [], {}
     for k, stage in enumerate(stage_table(cfg)):

@@ -1,0 +1,146 @@
+"""The prepare runner end to end on a small CSV: caching, reruns, atomicity, report, bad input."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline import artifacts
+from pipeline.config import load_config
+from pipeline.data import runner
+
+ROOT = Path(__file__).resolve().parents[2]
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
+
+
+def _write_corpus(path: Path, n: int = 300) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["sentiment", "text"])
+        for k in range(n):
+            words = [WORDS[(k * 7 + j * (k % 5 + 1)) % len(WORDS)] for j in range(8)]
+            w.writerow(["pos" if k % 2 else "neg", f"review {k}: " + " ".join(words) + f" number{k}"])
+        w.writerow(["pos", "review 1: " + " ".join([WORDS[(7 + j) % len(WORDS)] for j in range(8)]) + " number1"])
+
+
+def _cfg(tmp_path: Path, *overrides: str):
+    if not (tmp_path / "corpus.csv").exists():
+        _write_corpus(tmp_path / "corpus.csv")
+    return load_config(ROOT / "configs" / "tiny.yaml", [*_cfg_overrides(tmp_path), *overrides])
+
+
+def test_first_run_then_fully_cached(tmp_path):
+    cfg = _cfg(tmp_path)
+    rows = runner.run(cfg, progress=False)
+    assert [r["stage"] for r in rows] == list(runner.STAGE_NAMES)
+    assert not any(r["cached"] for r in rows)
+    assert rows[0]["rows_out"] == 301
+    info = json.loads((cfg.data_dir / runner.PREPARED).read_text())
+    assert info["label_names"] == ["neg", "pos"]
+    again = runner.run(cfg, progress=False)
+    assert all(r["cached"] for r in again)
+    assert [r["rows_out"] for r in again] == [r["rows_out"] for r in rows]
+    table = runner.format_report(again)
+    assert "tokenize" in table and "yes" in table
+
+
+def test_changing_one_setting_reruns_that_stage_and_later_ones(tmp_path):
+    runner.run(_cfg(tmp_path), progress=False)
+    rows = runner.run(_cfg(tmp_path, "split.seed=99"), progress=False)
+    assert [r["cached"] for r in rows] == [True, True, True, False, False, False]
+    rows = runner.run(_cfg(tmp_path, "split.seed=99"), progress=False, from_stage="label")
+    assert [r["cached"] for r in rows] == [True, True, True, True, False, False]
+
+
+def test_changed_input_file_invalidates_everything(tmp_path):
+    cfg = _cfg(tmp_path)
+    runner.run(cfg, progress=False)
+    with open(tmp_path / "corpus.csv", "a", encoding="utf-8") as f:
+        f.write("neg,a brand new review about omicron and sigma\n")
+    rows = runner.run(cfg, progress=False)
+    assert not any(r["cached"] for r in rows) and rows[0]["rows_out"] == 302
+
+
+def test_failed_stage_leaves_no_complete_directory(tmp_path, monkeypatch):
+    from pipeline.data import label
+
+    cfg = _cfg(tmp_path)
+
+    def boom(*a, **k):
+        raise RuntimeError("killed mid-stage")
+
+    monkeypatch.setattr(label, "label", boom)
+    with pytest.raises(RuntimeError):
+        runner.run(cfg, progress=False)
+    stages = sorted(p.name for p in (cfg.data_dir / "stages").iterdir())
+    assert [s.split("-")[1] for s in stages] == ["load", "clean", "dedup", "split"]
+    assert not (cfg.data_dir / runner.PREPARED).exists()
+
+
+def test_process_killed_during_a_stage_is_not_taken_as_complete(tmp_path):
+    """SIGKILL a real prepare while a stage is being written; the rerun redoes that stage."""
+    cfg = _cfg(tmp_path)
+    (tmp_path / "corpus.csv").unlink()
+    _write_corpus(tmp_path / "corpus.csv", n=20000)
+    args = [sys.executable, str(ROOT / "pipeline" / "prepare.py"), "--config", str(ROOT / "configs" / "tiny.yaml"), "--quiet",
+            f"output_dir={tmp_path / 'out'}", "source.package=", f"source.path={tmp_path / 'corpus.csv'}",
+            "source.encoding=utf-8", "source.max_rows=0", "label.names=[neg, pos]"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stages = cfg.data_dir / "stages"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if stages.exists() and any(".tmp-" in p.name and "dedup" in p.name for p in stages.iterdir()):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "prepare finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    complete = [p.name.split("-")[1] for p in stages.iterdir() if artifacts.is_complete(p)]
+    assert "dedup" not in complete and "split" not in complete
+    rows = runner.run(load_config(ROOT / "configs" / "tiny.yaml", args[5:]), progress=False)
+    assert [r["cached"] for r in rows][:2] == [True, True] and not rows[2]["cached"]
+    assert not any(".tmp-" in p.name for p in stages.iterdir())  # the dead process's leftovers are gone
+
+
+def test_unknown_label_fails_before_anything_is_marked_prepared(tmp_path):
+    cfg = _cfg(tmp_path, "label.names=[neg]")
+    with pytest.raises(ValueError, match=r"labels outside the classes \['neg'\]: 'pos'"):
+        runner.run(cfg, progress=False)
+    assert not (cfg.data_dir / runner.PREPARED).exists()
+
+
+def test_filtering_everything_away_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match=r"stage 'clean' left no rows"):
+        runner.run(_cfg(tmp_path, "clean.min_words=1000"), progress=False)
+
+
+def test_prepare_does_not_import_torch(tmp_path):
+    cfg = _cfg(tmp_path)
+    code = (
+        "import sys; from pipeline.config import load_config; from pipeline.data import runner\n"
+        f"runner.run(load_config({str(ROOT / 'configs' / 'tiny.yaml')!r}, {list(_cfg_overrides(tmp_path))!r}), progress=False)\n"
+        "assert 'torch' not in sys.modules, 'prepare imported torch'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    assert (cfg.data_dir / runner.PREPARED).exists()
+
+
+def _cfg_overrides(tmp_path):
+    return [f"output_dir={tmp_path / 'out'}", "source.package=", f"source.path={tmp_path / 'corpus.csv'}",
+            "source.encoding=utf-8", "source.max_rows=0", "label.names=[neg, pos]", "tokenize.vocab_size=300",
+            "tokenize.min_frequency=1"]
+
+
+def test_cli_error_is_one_line(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "pipeline" / "prepare.py"), "dedup.treshold=0.5"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"error: {ROOT / 'configs' / 'default.yaml'}: unknown config key 'dedup.treshold'; did you mean 'dedup.threshold'?"
+    ]
