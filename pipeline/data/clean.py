@@ -1,0 +1,146 @@
+"""Stage 1, clean: repair and normalise text, then drop rows that are too short, too long or empty.
+
+Per text, in this order (each step is why the next one can be simple):
+  1. mojibake repair with ftfy (before anything that would destroy the byte patterns it reads;
+     ftfy's own HTML unescaping, quote uncurling and width folding are off: steps 2-3 own those)
+  2. HTML: tags removed (block tags such as <br /> become a space), then entities unescaped,
+     so an escaped "&lt;b&gt;" survives as the literal text "<b>"
+  3. Unicode normalisation (NFC or NFKC)
+  4. control characters, zero-width and bidi-control characters removed; ZWJ/ZWNJ only where they
+     touch ASCII (inside emoji sequences and Indic/Persian words they carry meaning)
+  5. a leading "RT @user:" retweet marker removed (before mentions are replaced)
+  6. lowercase (before URL/mention tokens go in, so the tokens keep their case)
+  7. URLs and @mentions kept, removed or replaced by a token
+  8. whitespace runs collapsed to one space, ends stripped
+Rows are then dropped with a counted reason: empty_after_clean, too_short, too_long, too_few_words.
+Words counted for min_words exclude the URL/mention replacement tokens ("[url]" is not content).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import unicodedata
+from collections import Counter
+
+import ftfy
+from ftfy import badness
+
+from pipeline.config import CleanConfig
+from pipeline.data.common import StageContext, StageResult
+
+# ftfy for encoding repair only; the later steps of this module own the rest
+_FTFY = ftfy.TextFixerConfig(
+    unescape_html=False, uncurl_quotes=False, fix_latin_ligatures=False, fix_character_width=False,
+    normalization=None, explain=False,
+)
+_BLOCK_TAG = re.compile(r"</?(?:br|p|div|li|ul|ol|tr|td|th|h[1-6]|blockquote|hr|table)\b[^<>]*>", re.I)
+# a tag starts with a letter right after "<": "<3" and "a < b > c" are text, not tags
+_TAG = re.compile(r"<!--.*?-->|</?[A-Za-z][A-Za-z0-9:-]*(?:\s[^<>]*)?/?>", re.S)
+_JOINER_AT_ASCII = re.compile(r"(?<=[\x00-\x7f])[\u200c\u200d]+|[\u200c\u200d]+(?=[\x00-\x7f])|^[\u200c\u200d]+|[\u200c\u200d]+$")
+_RETWEET = re.compile(r"^\s*(?:RT\s*@[A-Za-z0-9_]+\s*:?\s*)+")
+# a URL ends on a character that is not sentence punctuation: "see http://x.co/a." keeps the "."
+_URL = re.compile(r"(?:\bhttps?://|\bwww\.)[!-~]*[A-Za-z0-9/#=~+&%_-]", re.I)
+_MENTION = re.compile(r"(?<![A-Za-z0-9_@.])@[A-Za-z0-9_]+")
+_SPACE = re.compile(r"\s+")
+
+
+def _invisible_table() -> dict[int, str | None]:
+    """str.translate table: line-like controls become spaces; other controls and invisibles go."""
+    table: dict[int, str | None] = {c: None for c in [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)]}
+    for c in (0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x85, 0x2028, 0x2029):  # tab, line breaks, NEL, separators
+        table[c] = " "
+    zero_width = [0x00AD, 0x061C, 0x180E, 0x200B, 0x200E, 0x200F, *range(0x202A, 0x202F),
+                  *range(0x2060, 0x2065), *range(0x2066, 0x206A), 0xFEFF, 0xFFF9, 0xFFFA, 0xFFFB]
+    table.update({c: None for c in zero_width})
+    return table
+
+
+_INVISIBLE = _invisible_table()
+
+
+def repair(text: str) -> str:
+    """ftfy's encoding repair; ASCII text has nothing for it to repair except terminal escapes."""
+    if text.isascii() and "\x1b" not in text:
+        return text
+    return ftfy.fix_text(text, _FTFY)
+
+
+def normalise(text: str, cfg: CleanConfig) -> str:
+    """Steps 2-8 of the module docstring (everything after mojibake repair)."""
+    if cfg.strip_html and "<" in text:
+        text = _TAG.sub("", _BLOCK_TAG.sub(" ", text))
+    if cfg.strip_html and "&" in text:
+        text = html.unescape(text)
+    if cfg.normalize != "none":
+        text = unicodedata.normalize(cfg.normalize, text)
+    text = text.translate(_INVISIBLE)
+    if "\u200c" in text or "\u200d" in text:
+        text = _JOINER_AT_ASCII.sub("", text)
+    if cfg.strip_retweet:
+        text = _RETWEET.sub("", text)
+    if cfg.lowercase:
+        text = text.lower()
+    if cfg.urls != "keep":
+        text = _URL.sub(cfg.url_token if cfg.urls == "replace" else " ", text)
+    if cfg.mentions != "keep":
+        text = _MENTION.sub(cfg.mention_token if cfg.mentions == "replace" else " ", text)
+    return _SPACE.sub(" ", text).strip()
+
+
+def clean_text(text: str, cfg: CleanConfig) -> str:
+    """The cleaned text (pure: the same input and config always give the same output)."""
+    return normalise(repair(text) if cfg.fix_mojibake else text, cfg)
+
+
+def drop_reason(text: str, cfg: CleanConfig) -> str:
+    """Why a cleaned text is dropped, or "" to keep it."""
+    if not text:
+        return "empty_after_clean"
+    if len(text) < cfg.min_chars:
+        return "too_short"
+    if cfg.max_chars and len(text) > cfg.max_chars:
+        return "too_long"
+    if cfg.min_words > 1:
+        tokens = {cfg.url_token if cfg.urls == "replace" else None, cfg.mention_token if cfg.mentions == "replace" else None}
+        if sum(w not in tokens for w in text.split()) < cfg.min_words:
+            return "too_few_words"
+    return ""
+
+
+def _clean_batch(batch: dict, cfg: CleanConfig) -> dict:
+    """Batched map: new text, the drop reason, and two counters' worth of flags for the report."""
+    texts, reasons, repaired, suspect = [], [], [], []
+    for raw in batch["text"]:
+        fixed = repair(raw) if cfg.fix_mojibake else raw
+        text = normalise(fixed, cfg)
+        texts.append(text)
+        reasons.append(drop_reason(text, cfg))
+        repaired.append(fixed != raw)
+        suspect.append(not text.isascii() and badness.is_bad(text))  # mojibake ftfy could not repair
+    return {"text": texts, "_drop": reasons, "_repaired": repaired, "_suspect": suspect}
+
+
+def clean(ds, cfg: CleanConfig, ctx: StageContext) -> StageResult:
+    """Clean every text; drop (and count by reason) the rows that fail the filters."""
+    import datasets
+    import pyarrow.compute as pc
+
+    if cfg.min_chars < 0 or cfg.max_chars < 0 or cfg.min_words < 0:
+        raise ValueError("clean.min_chars, clean.max_chars and clean.min_words must be >= 0")
+    if cfg.max_chars and cfg.max_chars < cfg.min_chars:
+        raise ValueError(f"clean.max_chars ({cfg.max_chars}) is below clean.min_chars ({cfg.min_chars}): nothing could pass")
+    # one process per ~5k rows at most: below that, starting processes costs more than it saves
+    num_proc = min(ctx.num_proc, len(ds) // 5000) if ctx.num_proc > 1 else 1
+    common = {"num_proc": num_proc if num_proc > 1 else None, "keep_in_memory": True, "load_from_cache_file": False}
+    ds = ds.map(_clean_batch, fn_kwargs={"cfg": cfg}, batched=True, batch_size=1000, desc="clean", **common)
+    table = ds.data.table  # map's output is in memory and has no indices mapping
+    reasons = Counter(table.column("_drop").to_pylist())
+    stats = {
+        "mojibake_repaired": pc.sum(table.column("_repaired")).as_py() or 0,
+        "mojibake_suspect_after": pc.sum(table.column("_suspect")).as_py() or 0,
+    }
+    # the filter is one vectorised Arrow call, not another pass of Python over the rows
+    kept = table.filter(pc.equal(table.column("_drop"), "")).drop_columns(["_drop", "_repaired", "_suspect"])
+    dropped = {reason: n for reason, n in sorted(reasons.items()) if reason}
+    return StageResult(datasets.Dataset(kept), dropped, stats)
