@@ -1,0 +1,40 @@
+"""Train (or resume) a text classifier on the prepared data with Hugging Face Accelerate.
+
+    accelerate launch pipeline/train.py [--config configs/default.yaml] [--resume auto|PATH] [section.key=value ...]
+    python pipeline/train.py ...                      (the same, one process)
+
+Exit codes: 0 finished (or nothing left to do); 2 bad config or input, nothing done;
+65 halted on a non-finite loss/gradient (train.nan_policy); 75 stopped by SIGTERM/SIGINT after
+saving a checkpoint: rerun with --resume auto to continue exactly where it stopped.
+"""
+
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # pipeline/ is sys.path[0] here and would shadow libraries (evaluate)
+    _here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
+    sys.path.insert(0, str(_here.parent))
+
+from pipeline.config import config_from_args, make_parser  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser("train.py", __doc__)
+    parser.add_argument(
+        "--resume",
+        metavar="auto|PATH",
+        help="continue a run: 'auto' takes the newest intact checkpoint of the run (fresh start if none), "
+        "PATH a given checkpoint folder",
+    )
+    args = parser.parse_args(argv)
+    cfg = config_from_args(args)
+    from pipeline.training.loop import train
+
+    return train(cfg, args.config, args.resume)
+
+
+if __name__ == "__main__":
+    from pipeline.cli import run_main
+
+    run_main(main)

@@ -1,0 +1,1 @@
+"""Training: model and optimizer (build), batches (batching), the loop, checkpoints and signals."""

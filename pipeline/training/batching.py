@@ -1,0 +1,122 @@
+"""Deterministic per-rank batches and dynamic padding.
+
+The order of an epoch is a pure function of (seed, epoch, lengths, global batch size), so a
+resumed run rebuilds it in O(n log n) and starts at any batch index without touching the batches
+before it. Every optimizer step consumes one *global* batch of `batch_size * world` examples per
+micro-step; rank r takes slice r of it. Hence one process at batch 2B and two at batch B see the
+same examples per step, the ranks' shards are disjoint, and together they cover the epoch (less
+the remainder that does not fill a global batch).
+
+We shard ourselves instead of letting `accelerator.prepare` wrap the DataLoader: accelerate
+would re-shard our batch sampler (BatchSamplerShard) and its `skip_first_batches` iterates the
+skipped batches, which is exactly the cost resume must not have.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+MEGABATCH = 50  # length grouping sorts windows of 50 global batches (as transformers' LengthGroupedSampler)
+
+
+def epoch_order(lengths: np.ndarray, seed: int, epoch: int, global_batch: int, group_by_length: bool) -> np.ndarray:
+    """Global batches of one epoch: an int64 array of shape (num_batches, global_batch) of row indices."""
+    rng = np.random.Generator(np.random.PCG64([seed, epoch]))  # platform-independent stream
+    perm = rng.permutation(len(lengths))
+    usable = (len(perm) // global_batch) * global_batch
+    if group_by_length:
+        window = MEGABATCH * global_batch
+        chunks = [perm[i : i + window] for i in range(0, len(perm), window)]
+        # stable sort, longest first, inside each window: batches of similar length, little padding
+        perm = np.concatenate([c[np.argsort(-lengths[c], kind="stable")] for c in chunks])
+        # every window but the last is a multiple of global_batch, so the cut only trims the last
+        batches = perm[:usable].reshape(-1, global_batch)
+        return batches[rng.permutation(len(batches))]  # mix short and long batches across the epoch
+    return perm[:usable].reshape(-1, global_batch)
+
+
+def steps_per_epoch(num_rows: int, batch_size: int, world: int, grad_accum: int) -> int:
+    """Optimizer steps in one epoch; batches that do not fill an accumulation window are dropped."""
+    return (num_rows // (batch_size * world)) // grad_accum
+
+
+class RankBatches:
+    """The batch sampler of one rank for one epoch, starting at micro-batch `start`."""
+
+    def __init__(self, order: np.ndarray, rank: int, batch_size: int, start: int, stop: int):
+        self.order, self.rank, self.batch_size, self.start, self.stop = order, rank, batch_size, start, stop
+
+    def __len__(self) -> int:
+        return max(0, self.stop - self.start)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        lo, hi = self.rank * self.batch_size, (self.rank + 1) * self.batch_size
+        for b in range(self.start, self.stop):
+            yield self.order[b, lo:hi].tolist()
+
+
+class Collator:
+    """Pads a list of examples to the longest one, rounded up to `multiple`; returns torch tensors."""
+
+    def __init__(self, pad_id: int, multiple: int = 8, max_length: int = 0):
+        self.pad_id, self.multiple, self.max_length = pad_id, multiple, max_length
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        longest = max(len(r["input_ids"]) for r in rows)
+        width = longest
+        if self.multiple > 1:
+            width = -(-longest // self.multiple) * self.multiple
+            if self.max_length:
+                width = max(longest, min(width, self.max_length))
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)  # (batch, seq)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            n = len(r["input_ids"])
+            ids[i, :n] = torch.as_tensor(r["input_ids"], dtype=torch.long)
+            mask[i, :n] = 1
+        labels = torch.as_tensor([r["label"] for r in rows], dtype=torch.long)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+class _Rows:
+    """Map-style view of an Arrow dataset that fetches a whole batch in one call."""
+
+    def __init__(self, ds):
+        self.ds = ds.select_columns(["input_ids", "label"])
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitems__(self, idx: list[int]) -> list[dict]:
+        cols = self.ds[idx]
+        return [{"input_ids": a, "label": b} for a, b in zip(cols["input_ids"], cols["label"])]
+
+    def __getitem__(self, i: int) -> dict:
+        return self.__getitems__([i])[0]
+
+
+def make_loader(ds, sampler, collate: Collator, num_workers: int = 0):
+    """A DataLoader over our sampler. Its own generator keeps it from drawing on the global torch RNG
+    (an iterator otherwise draws a base seed from it, which would shift dropout after a resume)."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    return DataLoader(
+        _Rows(ds),
+        batch_sampler=sampler,
+        collate_fn=collate,
+        num_workers=num_workers,
+        generator=torch.Generator().manual_seed(0),
+        persistent_workers=False,
+    )
+
+
+def shard_range(num_rows: int, rank: int, world: int) -> range:
+    """Contiguous disjoint slice of an evaluation split for one rank (sizes differ by at most one)."""
+    per, extra = divmod(num_rows, world)
+    lo = rank * per + min(rank, extra)
+    return range(lo, lo + per + (1 if rank < extra else 0))

@@ -1,0 +1,213 @@
+"""The training loop: setup, one optimizer step at a time, and the policies it calls after each step.
+
+The position (step, epoch, micro-batch within the epoch) is the only thing that says where the run
+is; the data order of an epoch is a pure function of the seed and the epoch (batching.epoch_order),
+so resuming rebuilds it and starts at the saved micro-batch directly.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import Config
+from pipeline.training import batching, checkpoint, rundir, signals
+from pipeline.training.setup import Setup, prepare_run
+
+
+@dataclass
+class Window:
+    """Sums since the last log line (this process)."""
+
+    loss: float = 0.0
+    steps: int = 0
+    tokens: int = 0  # real (non-pad) tokens
+    slots: int = 0  # tokens including padding
+    samples: int = 0
+    start: float = field(default_factory=time.perf_counter)
+
+
+def train(cfg: Config, config_path: str = "<config>", resume: str | None = None) -> int:
+    """Train (or resume) as the config says; returns the process exit code (see signals.EXIT_CODES)."""
+    s = prepare_run(cfg, config_path, resume)
+    if s is None:
+        return signals.EXIT_OK
+    stop = signals.StopFlag()
+    try:
+        code = _run(s, stop)
+    finally:
+        stop.restore()
+        s.acc.end_training()
+    return code
+
+
+def _run(s: Setup, stop: signals.StopFlag) -> int:
+    import torch
+    from tqdm.auto import tqdm
+
+    t, acc, pos = s.cfg.train, s.acc, s.pos
+    per_epoch = s.steps_per_epoch * t.grad_accum  # micro-batches per rank per epoch
+    bar = tqdm(total=s.total_steps, initial=pos.step, disable=not acc.is_main_process, desc="train", mininterval=1)
+    win, loss_acc = Window(), torch.zeros((), device=acc.device)
+    s.model.train()
+    while pos.step < s.total_steps:
+        order = batching.epoch_order(s.lengths, t.seed, pos.epoch, t.batch_size * acc.num_processes, t.group_by_length)
+        sampler = batching.RankBatches(order, acc.process_index, t.batch_size, pos.batch_in_epoch, per_epoch)
+        for batch in batching.make_loader(s.train_ds, sampler, s.collate, t.num_workers):
+            batch = {k: v.to(acc.device) for k, v in batch.items()}
+            with acc.accumulate(s.model):
+                loss = s.model(**batch).loss  # mean over this micro-batch
+                acc.backward(loss)
+            loss_acc += loss.detach() / t.grad_accum
+            win.tokens += int(batch["attention_mask"].sum())
+            win.slots += batch["attention_mask"].numel()
+            win.samples += len(batch["labels"])
+            pos.batch_in_epoch += 1
+            if not acc.sync_gradients:
+                continue
+            code = _optimizer_step(s, loss_acc, win, stop)
+            loss_acc = torch.zeros((), device=acc.device)
+            epoch_end = pos.batch_in_epoch == per_epoch
+            if epoch_end:
+                pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0
+            bar.update(1)
+            code = code or _after_step(s, win, epoch_end, stop)
+            if code is not None:
+                bar.close()
+                return code
+            if pos.step >= s.total_steps:
+                break
+    bar.close()
+    return _finish(s)
+
+
+def _optimizer_step(s: Setup, loss_acc, win: Window, stop) -> int | None:
+    """Clip, check for non-finite values (all ranks agree), step or skip. Returns an exit code to halt."""
+    t, acc = s.cfg.train, s.acc
+    norm = acc.clip_grad_norm_(s.model.parameters(), t.max_grad_norm if t.max_grad_norm > 0 else math.inf)
+    loss, norm = float(loss_acc), float(norm)
+    # with fp16 the gradient scaler owns overflowing gradients (it skips and lowers its scale)
+    bad_local = not math.isfinite(loss) or (acc.scaler is None and not math.isfinite(norm))
+    s.stop_requested, bad = signals.agree(acc, stop.requested, bad_local)
+    s.last_lr = s.scheduler.get_last_lr()[0]
+    if bad:
+        s.nan["skipped_total"] += 1
+        s.nan["in_a_row"] += 1
+    else:
+        s.optimizer.step()
+        s.nan["in_a_row"] = 0
+    s.scheduler.step()  # the rate is a function of the step, skipped or not
+    s.optimizer.zero_grad(set_to_none=True)
+    s.pos.step += 1
+    win.loss += loss
+    win.steps += 1
+    s.last_norm = norm
+    if bad:
+        return _nonfinite(s, loss, norm)
+    return None
+
+
+def _nonfinite(s: Setup, loss: float, norm: float) -> int | None:
+    t = s.cfg.train
+    done = checkpoint.complete_checkpoints(s.ckpt_root)
+    where = f"last healthy checkpoint: {done[-1][0]}" if done else "no checkpoint saved yet"
+    msg = f"step {s.pos.step}: non-finite loss {loss} or gradient norm {norm}"
+    s.log.write({"step": s.pos.step, "event": "nonfinite", "loss": str(loss), "grad_norm": str(norm),
+                 "skipped_total": s.nan["skipped_total"], "in_a_row": s.nan["in_a_row"]})
+    if t.nan_policy == "halt" or s.nan["in_a_row"] >= t.max_nan_in_a_row:
+        why = "nan_policy=halt" if t.nan_policy == "halt" else f"{s.nan['in_a_row']} in a row (train.max_nan_in_a_row)"
+        if s.acc.is_main_process:
+            checkpoint.warn(f"{msg}; halting ({why}). {where}")
+        return signals.EXIT_NONFINITE
+    if s.acc.is_main_process:
+        checkpoint.warn(f"{msg}; update skipped ({s.nan['in_a_row']} in a row, {s.nan['skipped_total']} in total)")
+    return None
+
+
+def _after_step(s: Setup, win: Window, epoch_end: bool, stop) -> int | None:
+    """Log, evaluate, checkpoint, and honour a stop request, in that order."""
+    t, step = s.cfg.train, s.pos.step
+    last = step >= s.total_steps
+    if step % t.log_every == 0 or last:
+        _log_train(s, win)
+    metrics = None
+    if (t.eval_every and step % t.eval_every == 0) or last:
+        metrics = _evaluate(s)
+    want_save = (t.save_every and step % t.save_every == 0) or (epoch_end and t.save_at_epoch_end)
+    if want_save or last or s.stop_requested:
+        _save(s, metrics)
+    win.__init__()  # eval and save time is not training throughput
+    if s.stop_requested:
+        if s.acc.is_main_process:
+            checkpoint.warn(f"stopped at step {step} by {stop.signal_name or 'a signal on another process'}; "
+                            f"checkpoint saved. Continue with --resume auto (exit code {signals.EXIT_INTERRUPTED})")
+        return signals.EXIT_INTERRUPTED
+    return None
+
+
+def _log_train(s: Setup, win: Window) -> None:
+    import torch
+
+    acc = s.acc
+    sums = torch.tensor([win.loss, win.steps, win.tokens, win.slots, win.samples], dtype=torch.float64, device=acc.device)
+    if acc.num_processes > 1:
+        sums = acc.reduce(sums, reduction="sum")
+    loss, steps, tokens, slots, samples = sums.tolist()
+    elapsed = max(time.perf_counter() - win.start, 1e-9)
+    record = {
+        "step": s.pos.step, "epoch": s.pos.epoch, "loss": loss / max(steps, 1), "lr": s.last_lr,
+        "grad_norm": s.last_norm, "tokens_per_s": tokens / elapsed, "samples_per_s": samples / elapsed,
+        "padding_fraction": 1 - tokens / max(slots, 1), "nonfinite_skipped": s.nan["skipped_total"],
+    }
+    s.log.write(record)
+    acc.log({f"train/{k}": v for k, v in record.items() if k not in ("step", "epoch")}, step=s.pos.step)
+
+
+def _evaluate(s: Setup) -> dict:
+    from pipeline.training.evaluation import evaluate
+
+    t = s.cfg.train
+    m = evaluate(s.acc, s.model, s.val_ds, s.collate, t.batch_size * 2, len(s.label_names))
+    value = m[t.metric_for_best]
+    greater = t.metric_for_best != "loss"
+    b = s.best
+    if b.get("value") is None or (value > b["value"] if greater else value < b["value"]):
+        s.best.update(value=value, step=s.pos.step)
+    s.log.write({"step": s.pos.step, "eval": m})
+    s.acc.log({f"eval/{k}": v for k, v in m.items() if k != "examples"}, step=s.pos.step)
+    s.last_metrics = (s.pos.step, m)
+    return m
+
+
+def _save(s: Setup, metrics: dict | None) -> Path:
+    step = s.pos.step
+    if s.saved_step == step:
+        return s.ckpt_root / s.saved_name
+    if metrics is None and s.last_metrics and s.last_metrics[0] == step:
+        metrics = s.last_metrics[1]
+    state = {
+        "step": step, "epoch": s.pos.epoch, "batch_in_epoch": s.pos.batch_in_epoch,
+        "total_steps": s.total_steps, "metrics": metrics or {}, "best": dict(s.best),
+        "nan": dict(s.nan), "num_processes": s.acc.num_processes, "fingerprints": s.fingerprints,
+    }
+    name = f"step-{step:07d}"
+    path = checkpoint.save_checkpoint(s.acc, s.ckpt_root, name, s.model, s.optimizer, s.scheduler, state)
+    if s.acc.is_main_process:
+        checkpoint.rotate(s.ckpt_root, s.cfg.train.keep_last, s.cfg.train.keep_best)
+    s.acc.wait_for_everyone()
+    s.saved_step, s.saved_name = step, name
+    return path
+
+
+def _finish(s: Setup) -> int:
+    """After the last step: the final export (a checkpoint of the last step exists already)."""
+    if s.acc.is_main_process:
+        rundir.export_final(s.acc.unwrap_model(s.model), s.tok, s.run_dir / "final")
+        summary: dict[str, Any] = {"step": s.pos.step, "best": s.best, "final": str(s.run_dir / "final")}
+        s.log.write({"step": s.pos.step, "event": "finished", **summary})
+        print(f"finished at step {s.pos.step}; final model: {s.run_dir / 'final'}; best {s.best}", flush=True)
+    s.acc.wait_for_everyone()
+    return signals.EXIT_OK

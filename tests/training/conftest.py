@@ -1,0 +1,118 @@
+"""A prepared dataset built directly (exactly what load_prepared reads), so the training tests do not
+depend on the prepare stages: a learnable toy task, a tokenizer trained in a moment, a tiny model."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+LABELS = ["negative", "neutral", "positive"]
+CUES = {0: ["awful", "bad", "terrible"], 1: ["okay", "fine", "average"], 2: ["great", "good", "lovely"]}
+FILLER = [f"w{i}" for i in range(60)]
+
+
+def toy_rows(n: int, seed: int) -> list[dict]:
+    """Texts of 2-12 filler words with one cue word that decides the label: easy to learn."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        label = rng.randrange(3)
+        words = rng.choices(FILLER, k=rng.randint(2, 12))
+        words.insert(rng.randrange(len(words) + 1), rng.choice(CUES[label]))
+        rows.append({"id": f"d{seed}-{i}", "text": " ".join(words), "label": label, "chunk": 0})
+    return rows
+
+
+def _tokenizer(texts: list[str], kind: str):
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if kind == "bpe":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=200, special_tokens=special))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]")
+
+
+def write_config(path: Path, out_dir: Path, kind: str, train: dict | None = None, model: dict | None = None) -> Path:
+    tree = {
+        "output_dir": str(out_dir),
+        "source": {"format": "jsonl", "path": "toy.jsonl"},
+        "label": {"names": LABELS},
+        "tokenize": {"kind": "bpe" if kind == "bpe" else "wordpiece", "vocab_size": 300, "max_length": 32},
+        "model": {"from_scratch": "gpt2" if kind == "bpe" else "bert", "hidden_size": 32, "num_layers": 2,
+                  "num_heads": 2, "intermediate_size": 64, "dropout": 0.1, **(model or {})},
+        "train": {"epochs": 2, "batch_size": 8, "lr": 3e-3, "warmup_ratio": 0.1, "log_every": 1, "eval_every": 0,
+                  "save_every": 5, "keep_last": 2, "keep_best": 1, **(train or {})},
+    }
+    path.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    return path
+
+
+def build_prepared(tmp: Path, kind: str = "wordpiece", n_train: int = 160, n_val: int = 48,
+                   train: dict | None = None, model: dict | None = None) -> Path:
+    """Write a config and the prepared data it points to; return the config path."""
+    import datasets
+
+    from pipeline import artifacts
+    from pipeline.config import load_config
+    from pipeline.data.runner import PREPARED, data_config_fingerprint
+
+    config = write_config(tmp / "config.yaml", tmp / "out", kind, train, model)
+    cfg = load_config(config)
+    splits = {"train": toy_rows(n_train, 1), "validation": toy_rows(n_val, 2), "test": toy_rows(n_val, 3)}
+    tok = _tokenizer([r["text"] for r in splits["train"]], kind)
+    stage = cfg.data_dir / "stages" / "5-tokenize-toy"
+    features = datasets.Features({"id": datasets.Value("string"), "text": datasets.Value("string"),
+                                  "label": datasets.ClassLabel(names=LABELS), "chunk": datasets.Value("int64")})
+    dd = {}
+    for name, rows in splits.items():
+        ds = datasets.Dataset.from_list(rows, features=features)
+        enc = tok([r["text"] for r in rows], truncation=True, max_length=cfg.tokenize.max_length)
+        ds = ds.add_column("input_ids", enc["input_ids"]).add_column("attention_mask", enc["attention_mask"])
+        dd[name] = ds.add_column("length", [len(x) for x in enc["input_ids"]])
+    datasets.DatasetDict(dd).save_to_disk(str(stage / "data"))
+    tok.save_pretrained(str(stage / "tokenizer"))
+    artifacts.write_json_atomic(stage / artifacts.MANIFEST, artifacts.manifest(stage="tokenize", stats={"label_names": LABELS}))
+    artifacts.write_json_atomic(cfg.data_dir / PREPARED, {
+        "stage_dir": str(stage), "fingerprint": f"toy-{kind}-{n_train}", "config_fingerprint": data_config_fingerprint(cfg),
+        "label_names": LABELS,
+    })
+    return config
+
+
+@pytest.fixture
+def prepared(tmp_path):
+    """Factory: prepared(kind="wordpiece", train={...}) -> config path of a ready-to-train toy run."""
+    return lambda **kw: build_prepared(tmp_path, **kw)
+
+
+def train_cmd(config: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(REPO / "pipeline" / "train.py"), "--config", str(config), *extra]
+
+
+def run_train(config: Path, *extra: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(train_cmd(config, *extra), capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+
+
+def run_dir(config: Path) -> Path:
+    return config.parent / "out" / "run"
