@@ -1,0 +1,44 @@
+"""Evaluate a trained model on a prepared split: metrics, predictions, confusion matrix.
+
+    python pipeline/evaluate.py --split test [--checkpoint final|best|last|NAME|PATH] [--config ...] [section.key=value ...]
+    ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 pipeline/evaluate.py --split test
+
+Writes <output_dir>/run/eval/<split>-<checkpoint>/ and prints a summary table.
+"""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # pipeline/ is sys.path[0] here and this file would shadow the `evaluate` library
+    _here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
+    sys.path.insert(0, str(_here.parent))
+
+from pipeline.config import config_from_args, make_parser  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipeline.evaluation import report, run
+
+    parser = make_parser("evaluate.py", __doc__)
+    parser.add_argument("--split", help="prepared split to evaluate (eval.split)")
+    parser.add_argument("--checkpoint", help="final, best, last, a checkpoint name, or a directory (eval.checkpoint)")
+    parser.add_argument("--batch-size", type=int, help="examples per forward pass (eval.batch_size)")
+    parser.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (slow on CPUs without native bf16)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    cfg = config_from_args(args, {"eval.batch_size": args.batch_size, "eval.bf16": args.bf16})
+    # split and checkpoint names go in as given (a YAML parse would turn "100" into a number)
+    cfg = dataclasses.replace(cfg, eval=dataclasses.replace(
+        cfg.eval, split=args.split or cfg.eval.split, checkpoint=args.checkpoint or cfg.eval.checkpoint))
+    metrics = run.evaluate_checkpoint(cfg, args.config, progress=not args.quiet)
+    if metrics is not None:  # the main process reports; the others only helped predict
+        print(report.format_table(metrics))
+    return 0
+
+
+if __name__ == "__main__":
+    from pipeline.cli import run_main
+
+    run_main(main)

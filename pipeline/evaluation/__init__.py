@@ -1,0 +1,1 @@
+"""Evaluation: load a trained checkpoint, predict a prepared split, score it, write the report."""

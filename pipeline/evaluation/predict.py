@@ -1,0 +1,129 @@
+"""Batched inference over a prepared split, spread over the processes of `accelerate launch`.
+
+Every process plans the same batches (example indices, longest first, so each batch pads to
+a similar length), runs every world_size-th batch, and all processes then gather
+(index, logits) rows. The bookkeeping is by example index: the padding rows a short shard adds
+for the collective carry index -1 and are dropped, and a gathered index that is missing or
+repeated is an error, so the padded tail is neither dropped nor counted twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def plan_batches(lengths: list[int] | np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """Example indices in batches, longest first: similar lengths share a batch (little padding)."""
+    if batch_size < 1:
+        raise ValueError(f"eval.batch_size must be >= 1, got {batch_size}")
+    order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def shard(batches: list[np.ndarray], rank: int, world: int) -> list[np.ndarray]:
+    """This process's batches: every world-th one, so the long and short batches spread evenly."""
+    return batches[rank::world]
+
+
+def pad_batch(sequences: list[list[int]], pad_id: int, multiple: int = 8) -> dict[str, Any]:
+    """Right-pad token ids to the batch's longest (rounded up to `multiple`): (batch, seq) tensors."""
+    import torch
+
+    longest = max(len(s) for s in sequences)
+    width = -(-longest // multiple) * multiple if multiple > 1 else longest
+    ids = np.full((len(sequences), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(sequences), width), dtype=np.int64)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = seq
+        mask[row, : len(seq)] = 1
+    return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU has bf16 instructions (AVX512-BF16 or AMX); elsewhere torch emulates bf16 slowly."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="ignore")
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def autocast(device: Any, bf16: bool) -> contextlib.AbstractContextManager:
+    """bf16 autocast on `device`, warning loudly where it will be slower than fp32."""
+    import torch
+
+    if not bf16:
+        return contextlib.nullcontext()
+    if device.type == "cpu" and not cpu_has_native_bf16():
+        print(
+            "WARNING: eval.bf16 on a CPU without native bf16 (no avx512_bf16/amx_bf16): torch emulates it, "
+            "which is several times SLOWER than fp32 and slightly less accurate. Set eval.bf16=false here.",
+            file=sys.stderr,
+        )
+    elif device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError("eval.bf16: this GPU does not support bf16; set eval.bf16=false")
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def _pad_id(model: Any) -> int:
+    pad = getattr(model.config, "pad_token_id", None)
+    return int(pad) if pad is not None else 0  # padded positions are masked; the id only has to exist
+
+
+def _gather_rows(accelerator: Any, index: np.ndarray, logits: np.ndarray, rows_max: int) -> tuple[np.ndarray, np.ndarray]:
+    """All processes' (index, logits) rows; each shard is padded to rows_max with index -1 first."""
+    import torch
+
+    pad = rows_max - len(index)
+    index_t = torch.from_numpy(np.concatenate([index, np.full(pad, -1, dtype=np.int64)]))
+    logits_t = torch.from_numpy(np.concatenate([logits, np.zeros((pad, logits.shape[1]), dtype=np.float32)]))
+    index_all = accelerator.gather(index_t.to(accelerator.device)).cpu().numpy()
+    logits_all = accelerator.gather(logits_t.to(accelerator.device)).cpu().numpy()
+    keep = index_all >= 0
+    return index_all[keep], logits_all[keep]
+
+
+def _place(index: np.ndarray, logits: np.ndarray, n: int) -> np.ndarray:
+    """(n, classes) logits in dataset order; every index must arrive exactly once."""
+    counts = np.bincount(index, minlength=n)
+    if len(counts) != n or counts.min(initial=1) != 1 or counts.max(initial=1) != 1:
+        missing, repeated = np.flatnonzero(counts[:n] == 0), np.flatnonzero(counts > 1)
+        raise RuntimeError(f"gathered predictions are inconsistent: missing {missing[:10]}, repeated {repeated[:10]}")
+    out = np.empty((n, logits.shape[1]), dtype=np.float32)
+    out[index] = logits
+    return out
+
+
+def predict_logits(
+    model: Any, dataset: Any, batch_size: int, accelerator: Any, bf16: bool = False, progress: bool = True
+) -> np.ndarray:
+    """(len(dataset), num_labels) float32 logits in dataset order, on every process."""
+    import torch
+    from tqdm.auto import tqdm
+
+    sequences = dataset["input_ids"][:]  # list of token-id lists; (n, ragged)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    batches = plan_batches([len(s) for s in sequences], batch_size)
+    mine = shard(batches, rank, world)
+    model = model.to(accelerator.device).eval()
+    pad_id, index, chunks = _pad_id(model), [], []
+    bar = tqdm(total=sum(len(b) for b in mine), unit="ex", desc=f"predict[{rank}]", disable=not (progress and accelerator.is_main_process))
+    with torch.inference_mode(), autocast(accelerator.device, bf16):
+        for batch in mine:
+            inputs = {k: v.to(accelerator.device) for k, v in pad_batch([sequences[i] for i in batch], pad_id).items()}
+            chunks.append(model(**inputs).logits.float().cpu().numpy())  # (batch, num_labels)
+            index.append(batch)
+            bar.update(len(batch))
+    bar.close()
+    num_labels = model.config.num_labels
+    index_np = np.concatenate(index) if index else np.zeros(0, dtype=np.int64)
+    logits_np = np.concatenate(chunks) if chunks else np.zeros((0, num_labels), dtype=np.float32)
+    if world > 1:
+        rows_max = max(sum(len(b) for b in shard(batches, r, world)) for r in range(world))
+        index_np, logits_np = _gather_rows(accelerator, index_np.astype(np.int64), logits_np, rows_max)
+    return _place(index_np, logits_np, len(sequences))

@@ -1,0 +1,85 @@
+"""Evaluate one checkpoint on one prepared split: predict, aggregate, score, write, summarise."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline import artifacts
+from pipeline.config import Config
+from pipeline.evaluation import aggregate, model as model_io, predict, report, scores
+
+
+def output_dir(cfg: Config, ckpt: Path) -> Path:
+    """<run_dir>/eval/<split>-<checkpoint>: 'final'/'best'/'last' as asked, else the checkpoint's folder name."""
+    name = cfg.eval.checkpoint if cfg.eval.checkpoint in ("final", "best", "last") else ckpt.name
+    return cfg.run_dir / "eval" / f"{cfg.eval.split}-{name}"
+
+
+def select_split(splits: Any, name: str, where: Path) -> Any:
+    if name not in splits:
+        raise ValueError(f"split '{name}' is not in the prepared data ({where}); available: {', '.join(splits.keys())}")
+    if len(splits[name]) == 0:
+        raise ValueError(f"split '{name}' of the prepared data ({where}) has no rows; pick another split")
+    return splits[name]
+
+
+def _score(dataset: Any, logits: np.ndarray, label_names: list[str]) -> tuple[dict, dict, aggregate.Documents]:
+    labels = np.asarray(dataset["label"][:], dtype=np.int64)
+    chunk = scores.classification_metrics(logits.argmax(axis=1), labels, label_names)
+    docs = aggregate.aggregate_documents(dataset["id"][:], logits, labels)
+    document = scores.classification_metrics(docs.logits.argmax(axis=1), docs.labels, label_names)
+    return chunk, document, docs
+
+
+def _write(out: Path, metrics: dict, dataset: Any, logits: np.ndarray, docs: aggregate.Documents, cfg: Config, step: int) -> None:
+    """Everything lands in a temporary folder renamed into place: never a half-written report."""
+    names = metrics["label_names"]
+    with artifacts.atomic_dir(out, replace=True) as tmp:
+        artifacts.write_json_atomic(tmp / "metrics.json", metrics)
+        report.write_jsonl(tmp / "predictions.jsonl", report.prediction_rows(
+            dataset["id"][:], dataset["chunk"][:], dataset["text"][:], dataset["label"][:],
+            aggregate.softmax(logits), names, cfg.eval.snippet_chars))
+        report.write_jsonl(tmp / "documents.jsonl", [
+            {**row, "chunks": int(n)} for row, n in zip(report.prediction_rows(
+                docs.ids, None, None, docs.labels, aggregate.softmax(docs.logits), names, 0), docs.num_chunks)])
+        report.write_confusion(tmp, "confusion_matrix", metrics["chunk"]["confusion_matrix"], names, f"{cfg.eval.split}: chunks")
+        if docs.num_chunks.max() > 1:
+            report.write_confusion(tmp, "confusion_matrix_documents", metrics["document"]["confusion_matrix"], names, f"{cfg.eval.split}: documents")
+        report.write_tensorboard(tmp, metrics, names, step)
+
+
+def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bool = True) -> dict | None:
+    """Run the whole evaluation; the metrics dict on the main process, None on the others."""
+    from accelerate import Accelerator
+
+    from pipeline.data.prepared import load_prepared
+
+    prepared = load_prepared(cfg, config_path)
+    dataset = select_split(prepared.splits, cfg.eval.split, cfg.data_dir)
+    ckpt = model_io.resolve_checkpoint(cfg.run_dir, cfg.eval.checkpoint)
+    model = model_io.load_classifier(ckpt, cfg.run_dir)
+    model_io.check_labels(model, prepared.label_names, ckpt)
+    accelerator = Accelerator()
+    start = time.perf_counter()
+    logits = predict.predict_logits(model, dataset, cfg.eval.batch_size, accelerator, cfg.eval.bf16, progress)
+    seconds = time.perf_counter() - start
+    if not accelerator.is_main_process:
+        accelerator.end_training()
+        return None
+    chunk, document, docs = _score(dataset, logits, prepared.label_names)
+    out = output_dir(cfg, ckpt)
+    metrics = {
+        "split": cfg.eval.split, "checkpoint": cfg.eval.checkpoint, "checkpoint_path": str(ckpt),
+        "step": model_io.checkpoint_step(ckpt), "label_names": prepared.label_names,
+        "chunk": chunk, "document": document,
+        "seconds": round(seconds, 3), "examples_per_second": len(dataset) / max(seconds, 1e-9),
+        "processes": accelerator.num_processes, "bf16": cfg.eval.bf16, "batch_size": cfg.eval.batch_size,
+        "data_fingerprint": prepared.fingerprint, "output_dir": str(out), "versions": artifacts.library_versions(),
+    }
+    _write(out, metrics, dataset, logits, docs, cfg, metrics["step"])
+    accelerator.end_training()
+    return metrics

@@ -1,0 +1,33 @@
+"""Classification metrics of one set of predictions, through the packaged `evaluate` modules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pipeline import metrics
+
+
+def classification_metrics(predictions: Any, references: Any, label_names: list[str]) -> dict:
+    """Accuracy, macro/micro F1, per-class precision/recall/F1/support and the confusion matrix.
+
+    Every class in `label_names` is scored, including one the model never predicts
+    (precision 0) or one absent from the references (support 0).
+    """
+    preds = [int(x) for x in np.asarray(predictions).reshape(-1)]
+    refs = [int(x) for x in np.asarray(references).reshape(-1)]
+    labels = list(range(len(label_names)))
+    kw = {"predictions": preds, "references": refs}
+    per = metrics.load("per_class").compute(**kw, labels=labels)
+    return {
+        "examples": len(refs),
+        "accuracy": metrics.load("accuracy").compute(**kw)["accuracy"],
+        "macro_f1": metrics.load("f1").compute(**kw, average="macro", labels=labels)["f1"],
+        "micro_f1": metrics.load("f1").compute(**kw, average="micro", labels=labels)["f1"],
+        "per_class": {
+            name: {"precision": per["precision"][i], "recall": per["recall"][i], "f1": per["f1"][i], "support": per["support"][i]}
+            for i, name in enumerate(label_names)
+        },
+        "confusion_matrix": metrics.load("confusion_matrix").compute(**kw, labels=labels)["confusion_matrix"],
+    }

@@ -1,0 +1,91 @@
+"""The evaluate command end to end in one process: the outputs exist, parse and agree; bad input fails clearly."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _main(argv):
+    """main() of the entry script, loaded by path (it is a script, not a module of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("evaluate_entry", REPO / "pipeline" / "evaluate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(argv)
+
+
+def _read_jsonl(path):
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_outputs_exist_parse_and_agree(world, capsys):
+    assert _main(["--config", str(world.config_path), "--split", "test", "--quiet", "eval.batch_size=4"]) == 0
+    out = world.run_dir / "eval" / "test-final"
+    metrics = json.loads((out / "metrics.json").read_text())
+    preds = _read_jsonl(out / "predictions.jsonl")
+    docs = _read_jsonl(out / "documents.jsonl")
+    # one row per example, in split order, with the planted labels
+    assert [(p["id"], p["chunk"]) for p in preds] == [(r[0], r[1]) for r in world.test_rows]
+    assert [p["label"] for p in preds] == [world.label_names[r[2]] for r in world.test_rows]
+    assert all(abs(sum(p["probabilities"].values()) - 1) < 1e-4 for p in preds)
+    assert all(p["prediction"] == max(p["probabilities"], key=p["probabilities"].get) for p in preds)
+    # metrics.json agrees with the predictions it came from
+    accuracy = np.mean([p["label"] == p["prediction"] for p in preds])
+    assert metrics["chunk"]["accuracy"] == pytest.approx(accuracy)
+    assert metrics["chunk"]["examples"] == 13 and metrics["document"]["examples"] == 10
+    assert {d["id"]: d["chunks"] for d in docs}["long"] == 3
+    assert metrics["document"]["accuracy"] == pytest.approx(np.mean([d["label"] == d["prediction"] for d in docs]))
+    assert sum(v["support"] for v in metrics["chunk"]["per_class"].values()) == 13
+    # confusion matrix CSV = the one in metrics.json; the PNGs are PNGs
+    rows = list(csv.reader((out / "confusion_matrix.csv").open()))
+    assert rows[0][1:] == world.label_names
+    assert [[int(v) for v in r[1:]] for r in rows[1:]] == metrics["chunk"]["confusion_matrix"]
+    for png in ("confusion_matrix.png", "confusion_matrix_documents.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # TensorBoard has the scalars
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    scalar = events.Scalars("eval_test/chunk/accuracy")[0]
+    assert scalar.value == pytest.approx(accuracy) and scalar.step == 0
+    table = capsys.readouterr().out
+    assert "accuracy" in table and "macro F1" in table and str(out) in table
+
+
+def test_a_named_checkpoint_gets_its_own_folder_and_step(world):
+    assert _main(["--config", str(world.config_path), "--checkpoint", "best", "--split", "validation", "--quiet"]) == 0
+    metrics = json.loads((world.run_dir / "eval" / "validation-best" / "metrics.json").read_text())
+    assert metrics["checkpoint_path"].endswith("step-4") and metrics["step"] == 4
+    assert metrics["chunk"]["examples"] == 5
+
+
+def test_unknown_split_lists_the_available_ones(world):
+    with pytest.raises(ValueError, match="split 'dev'.*available: train, validation, test"):
+        _main(["--config", str(world.config_path), "--split", "dev"])
+
+
+def test_label_set_of_the_data_differs_from_the_checkpoint(tmp_path, make_world):
+    other = make_world(tmp_path, data_labels=["neg", "neu", "pos"])
+    with pytest.raises(ValueError, match=r"label mismatch.*'negative', 'neutral', 'positive'.*'neg', 'neu', 'pos'"):
+        _main(["--config", str(other.config_path), "--quiet"])
+
+
+def test_bad_input_is_one_line_on_stderr_and_exit_code_2(world):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env.pop("PIPELINE_DEBUG", None)
+    cmd = [sys.executable, str(REPO / "pipeline" / "evaluate.py"), "--config", str(world.config_path), "--checkpoint", "nope"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: checkpoint 'nope' not found")
