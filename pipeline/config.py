@@ -61,7 +61,7 @@ class CleanConfig:
     lowercase: bool = opt(False, "lowercase the text (uncased tokenizers do this themselves)")
     min_chars: int = opt(1, "drop texts shorter than this many characters after cleaning")
     max_chars: int = opt(0, "drop texts longer than this many characters (0 = no limit)")
-    min_words: int = opt(1, "drop texts with fewer words than this after cleaning")
+    min_words: int = opt(1, "drop texts with fewer words than this after cleaning (URL/mention tokens are not words)")
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,14 @@ def clean(ds, cfg: CleanConfig, ctx: StageContext) -> StageResult:
     # one process per ~5k rows at most: below that, starting processes costs more than it saves
     num_proc = min(ctx.num_proc, len(ds) // 5000) if ctx.num_proc > 1 else 1
     common = {"num_proc": num_proc if num_proc > 1 else None, "keep_in_memory": True, "load_from_cache_file": False}
-    ds = ds.map(_clean_batch, fn_kwargs={"cfg": cfg}, batched=True, batch_size=1000, desc="clean", **common)
+    quiet = not ctx.progress and not datasets.are_progress_bars_disabled()  # restore what we found
+    if quiet:
+        datasets.disable_progress_bars()
+    try:
+        ds = ds.map(_clean_batch, fn_kwargs={"cfg": cfg}, batched=True, batch_size=1000, desc="clean", **common)
+    finally:
+        if quiet:
+            datasets.enable_progress_bars()
     table = ds.data.table  # map's output is in memory and has no indices mapping
     reasons = Counter(table.column("_drop").to_pylist())
     stats = {

@@ -116,3 +116,10 @@ def test_parallel_map_gives_the_same_rows(tmp_path):
 def test_impossible_length_filters_are_rejected(tmp_path):
     with pytest.raises(ValueError, match=r"clean.max_chars \(5\) is below clean.min_chars \(10\)"):
         clean(_dataset(["x"]), dataclasses.replace(DEFAULT, min_chars=10, max_chars=5), StageContext(out_dir=tmp_path))
+
+
+def test_everything_dropped_leaves_zero_rows_and_the_counts(tmp_path):
+    """The runner turns zero rows into an error naming the stage; clean reports why they went."""
+    result = clean(_dataset(["<br />", "\u200b", "one"]), dataclasses.replace(DEFAULT, min_words=2), StageContext(out_dir=tmp_path))
+    assert result.data.num_rows == 0
+    assert result.dropped == {"empty_after_clean": 2, "too_few_words": 1}

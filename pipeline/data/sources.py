@@ -1,0 +1,227 @@
+"""Stage 0, load: raw text from JSONL, CSV/TSV, Parquet, a folder of .txt files or the Hub.
+
+The file formats are parsed in pipeline/data/readers.py; this module locates the input, reads
+the Hub, and applies the rules every format shares (`_finish`): max_rows, empty texts dropped
+and counted, split names normalised, stable ids.
+
+Output contract (pipeline/data/common.py): a `datasets.Dataset` with exactly the string columns
+id, text, label ("" when unlabelled) and source_split ("" when the source has none).
+
+Stable ids: the configured id column (checked unique), the relative file path for folders, or a
+content id: the first 16 hex digits of sha1(text), with `-2`, `-3`, ... for later copies of the
+same text, so adding or removing rows with other texts never changes a row's id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import socket
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline import artifacts
+from pipeline.config import SourceConfig
+from pipeline.data import readers
+from pipeline.data.common import StageContext, StageResult
+
+COLUMNS = ("id", "text", "label", "source_split")
+SPLIT_ALIASES = {"valid": "validation", "val": "validation", "dev": "validation"}
+HUB_CHECK_TIMEOUT_S = 3.0  # connectivity check before load_dataset, so offline never hangs
+
+
+# ---------------------------------------------------------------- locating the input
+
+
+def resolve_path(cfg: SourceConfig) -> Path:
+    """The input file or folder; `path` is relative to the installed package `cfg.package` if set."""
+    if cfg.package:
+        # find_spec on a top-level name locates the package without running its code
+        spec = importlib.util.find_spec(cfg.package)
+        if spec is None:
+            raise FileNotFoundError(
+                f"source.package '{cfg.package}' is not installed (needed for source.path '{cfg.path}'); "
+                f"install it, e.g. `pip install {cfg.package.replace('_', '-')}`"
+            )
+        locations = list(spec.submodule_search_locations or [])
+        root = Path(locations[0]) if locations else Path(spec.origin).parent
+        path = root / cfg.path
+        if not path.exists():
+            raise FileNotFoundError(
+                f"source.path: {path} not found in installed package '{cfg.package}' ({root}); "
+                f"check source.path or reinstall the package"
+            )
+        return path
+    path = Path(cfg.path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"source.path: {path.resolve()} not found; point source.path at an existing file or folder")
+    return path
+
+
+def fingerprint(cfg: SourceConfig) -> str:
+    """Content hash of the input: a changed input file invalidates every cached stage."""
+    if cfg.format == "hub":
+        local = Path(cfg.path)
+        content = artifacts.tree_fingerprint(local) if local.exists() else ""
+        return artifacts.fingerprint("hub", cfg.path, cfg.hub_config, list(cfg.hub_splits), content)
+    # the readers' code is part of the identity: a parsing fix must not reuse rows parsed before it
+    return artifacts.fingerprint(artifacts.tree_fingerprint(resolve_path(cfg)), artifacts.code_fingerprint(readers))
+
+
+# ---------------------------------------------------------------- the stage
+
+
+def load(cfg: SourceConfig, ctx: StageContext) -> StageResult:
+    """Read the source into the id/text/label/source_split contract; drops counted by reason."""
+    import datasets
+
+    if not cfg.text_field and cfg.format != "folder":
+        raise ValueError("source.text_field is empty: name the column that holds the text")
+    if cfg.format == "hub":
+        table, dropped, where = _read_hub(cfg), {}, f"hub dataset '{cfg.path}'"
+    else:
+        path = resolve_path(cfg)
+        table, dropped = readers.READERS[cfg.format](path, cfg)
+        where = str(path)
+    rows_read = table.num_rows
+    table, empty = _finish(table, cfg, where)
+    dropped = {**dropped, "empty": empty}
+    stats = {"format": cfg.format, "source": where, "rows_read": rows_read}
+    return StageResult(datasets.Dataset(table), {k: v for k, v in dropped.items() if v}, stats)
+
+
+def _finish(table: pa.Table, cfg: SourceConfig, where: str) -> tuple[pa.Table, int]:
+    """Apply max_rows, make every column a non-null string, drop empty texts, assign ids."""
+    if cfg.max_rows > 0:
+        table = table.slice(0, cfg.max_rows)
+    cols = {name: _as_string(table, name, where) for name in COLUMNS}
+    keep = pc.not_equal(pc.utf8_trim_whitespace(cols["text"]), "")
+    empty = len(keep) - pc.sum(keep).as_py() if len(keep) else 0
+    cols = {name: pc.filter(col, keep) for name, col in cols.items()}
+    if "id" in table.column_names:
+        _check_ids(cols["id"], cfg, where)
+    else:
+        cols["id"] = pa.array(content_ids(cols["text"].to_pylist()), pa.string())
+    cols["source_split"] = _normalise_splits(cols["source_split"])
+    return pa.table([cols[name] for name in COLUMNS], names=list(COLUMNS)), empty
+
+
+def _as_string(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:
+    if name not in table.column_names:
+        return pa.chunked_array([pa.array([""] * table.num_rows, pa.string())])
+    col = table.column(name)
+    try:
+        col = col.cast(pa.string())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise ValueError(f"{where}: the {name} column has type {col.type}; expected text (strings)") from None
+    return pc.fill_null(col, "")
+
+
+def content_ids(texts: list[str]) -> list[str]:
+    """sha1(text)[:16], with -2, -3, ... for later copies (keyed by hash, so ids are always unique)."""
+    sha1 = hashlib.sha1
+    ids = [sha1(text.encode("utf-8")).hexdigest()[:16] for text in texts]
+    if len(set(ids)) == len(ids):
+        return ids
+    seen: dict[str, int] = {}
+    for i, h in enumerate(ids):
+        n = seen[h] = seen.get(h, 0) + 1
+        if n > 1:
+            ids[i] = f"{h}-{n}"
+    return ids
+
+
+def _check_ids(ids: pa.ChunkedArray, cfg: SourceConfig, where: str) -> None:
+    blank = pc.sum(pc.equal(pc.utf8_trim_whitespace(ids), "")).as_py() or 0
+    if blank:
+        raise ValueError(f"{where}: {blank} rows have an empty id in column '{cfg.id_field}' (source.id_field); "
+                         f"fill them in, or set source.id_field: '' to derive ids from the text")
+    counts = pc.value_counts(ids)
+    dupes = pc.filter(counts, pc.greater(counts.field("counts"), 1))
+    if len(dupes):
+        shown = ", ".join(f"{d['values']!r} ({d['counts']} rows)" for d in dupes.to_pylist()[:5])
+        raise ValueError(f"{where}: ids in column '{cfg.id_field}' (source.id_field) must be unique; "
+                         f"{len(dupes)} repeat: {shown}; fix them, or set source.id_field: '' to derive ids from the text")
+
+
+def _normalise_splits(col: pa.ChunkedArray) -> pa.Array:
+    """' Dev ' -> 'validation' etc., computed once per distinct value (not per row)."""
+    enc = pc.dictionary_encode(col).combine_chunks()
+    names = [v.strip().lower() for v in enc.dictionary.to_pylist()]
+    return pa.array([SPLIT_ALIASES.get(v, v) for v in names], pa.string()).take(enc.indices)
+
+
+# ---------------------------------------------------------------- the Hugging Face Hub
+
+
+def hub_offline() -> bool:
+    import huggingface_hub.constants as hf
+
+    flags = (os.environ.get("HF_HUB_OFFLINE", ""), os.environ.get("HF_DATASETS_OFFLINE", ""))
+    return bool(hf.HF_HUB_OFFLINE) or any(v.strip().lower() in ("1", "true", "yes", "on") for v in flags)
+
+
+def reachable(url: str, timeout: float = HUB_CHECK_TIMEOUT_S) -> bool:
+    """Can a TCP connection to the URL's host be opened within `timeout` s (DNS included)?"""
+    parsed = urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    ok: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((parsed.hostname, port), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=probe, daemon=True)  # daemon: a hung DNS lookup cannot block exit
+    thread.start()
+    thread.join(timeout)
+    return bool(ok)
+
+
+def _read_hub(cfg: SourceConfig) -> pa.Table:
+    import datasets
+    import huggingface_hub.constants as hf
+
+    local = Path(cfg.path).exists()
+    if not local and not hub_offline() and not reachable(hf.ENDPOINT):
+        raise ValueError(
+            f"hub dataset '{cfg.path}': cannot reach {hf.ENDPOINT} within {HUB_CHECK_TIMEOUT_S:g} s; "
+            f"offline, set HF_HUB_OFFLINE=1 to use a cached copy, or point source.format/path at local files"
+        )
+    splits = list(cfg.hub_splits)
+    try:
+        loaded = datasets.load_dataset(cfg.path, cfg.hub_config or None, split=splits or None)
+    except Exception as e:  # noqa: BLE001 - any failure here is the user's to fix; say what and where
+        mode = " with HF_HUB_OFFLINE=1 (is it in the local cache?)" if hub_offline() else ""
+        raise ValueError(f"hub dataset '{cfg.path}' (config '{cfg.hub_config}', splits {splits or 'all'}) "
+                         f"could not be loaded{mode}: {type(e).__name__}: {e}") from None
+    named = dict(zip(splits, loaded)) if splits else dict(loaded)
+    return pa.concat_tables([_hub_table(ds, split, cfg) for split, ds in named.items()])
+
+
+def _hub_table(ds, split: str, cfg: SourceConfig) -> pa.Table:
+    """One split as strings; a ClassLabel column becomes its class names (-1, unlabelled, becomes "")."""
+    import datasets
+
+    where = f"hub dataset '{cfg.path}' split '{split}'"
+    needed = readers.check_columns(ds.column_names, cfg, where)
+    table = readers.select(ds.with_format("arrow")[:], needed)
+    feature = ds.features.get(cfg.label_field)
+    if cfg.label_field and isinstance(feature, datasets.ClassLabel):
+        codes = table.column("label")
+        names = pa.array([*feature.names, ""], pa.string())
+        table = table.set_column(table.column_names.index("label"), "label",
+                                 names.take(pc.if_else(pc.less(codes, 0), len(feature.names), codes)))
+    if not cfg.split_field:
+        table = table.append_column("source_split", pa.array([split] * table.num_rows, pa.string()))
+    try:
+        return table.cast(pa.schema([(n, pa.string()) for n in table.column_names]))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise ValueError(f"{where}: columns {needed} must hold text; types: {table.schema}") from None
