@@ -32,11 +32,11 @@ class Stage:
 
 def stage_table(cfg: Config) -> list[Stage]:
     """The pipeline, in order. Reads like a table of contents."""
-    from pipeline.data import clean, dedup, encode, label, minhash, sources, split
+    from pipeline.data import clean, dedup, encode, label, minhash, readers, sources, split
 
     tok = (cfg.tokenize, pretrained_tokenizer_name(cfg) if cfg.tokenize.kind == "pretrained" else "")
     return [
-        Stage("load", lambda _, ctx: sources.load(cfg.source, ctx), (cfg.source,), (sources,)),
+        Stage("load", lambda _, ctx: sources.load(cfg.source, ctx), (cfg.source,), (sources, readers)),
         Stage("clean", lambda d, ctx: clean.clean(d, cfg.clean, ctx), (cfg.clean,), (clean,)),
         Stage("dedup", lambda d, ctx: dedup.dedup(d, cfg.dedup, ctx), (cfg.dedup,), (dedup, minhash)),
         Stage("split", lambda d, ctx: split.split(d, cfg.split, cfg.dedup, ctx), (cfg.split, cfg.dedup), (split, minhash)),
