@@ -12,8 +12,10 @@ from pipeline import metrics
 def classification_metrics(predictions: Any, references: Any, label_names: list[str]) -> dict:
     """Accuracy, macro/micro F1, per-class precision/recall/F1/support and the confusion matrix.
 
-    Every class in `label_names` is scored, including one the model never predicts
-    (precision 0) or one absent from the references (support 0).
+    Every class in `label_names` gets a per-class row, including one the model never predicts
+    (precision 0) or one absent from the references (support 0). Macro F1 averages over the
+    classes present in references or predictions (scikit-learn's default, and the definition
+    training uses to rank checkpoints), so a class missing from a small split does not count as 0.
     """
     preds = [int(x) for x in np.asarray(predictions).reshape(-1)]
     refs = [int(x) for x in np.asarray(references).reshape(-1)]
@@ -23,7 +25,7 @@ def classification_metrics(predictions: Any, references: Any, label_names: list[
     return {
         "examples": len(refs),
         "accuracy": metrics.load("accuracy").compute(**kw)["accuracy"],
-        "macro_f1": metrics.load("f1").compute(**kw, average="macro", labels=labels)["f1"],
+        "macro_f1": metrics.load("f1").compute(**kw, average="macro")["f1"],
         "micro_f1": metrics.load("f1").compute(**kw, average="micro", labels=labels)["f1"],
         "per_class": {
             name: {"precision": per["precision"][i], "recall": per["recall"][i], "f1": per["f1"][i], "support": per["support"][i]}
