@@ -1,15 +1,17 @@
-"""A prepared dataset built directly (exactly what load_prepared reads), so the training tests do not
-depend on the prepare stages: a learnable toy task, a tokenizer trained in a moment, a tiny model."""
+"""Test kit for the training tests: a prepared dataset built directly (exactly what load_prepared
+reads, so these tests do not depend on the prepare stages: a learnable toy task, a tokenizer trained
+in a moment, a tiny model), and helpers that run train.py as a real process."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,20 +101,92 @@ def build_prepared(tmp: Path, kind: str = "wordpiece", n_train: int = 160, n_val
     return config
 
 
-@pytest.fixture
-def prepared(tmp_path):
-    """Factory: prepared(kind="wordpiece", train={...}) -> config path of a ready-to-train toy run."""
-    return lambda **kw: build_prepared(tmp_path, **kw)
-
-
 def train_cmd(config: Path, *extra: str) -> list[str]:
     return [sys.executable, str(REPO / "pipeline" / "train.py"), "--config", str(config), *extra]
 
 
-def run_train(config: Path, *extra: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(train_cmd(config, *extra), capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+def run_train(config: Path, *extra: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(train_cmd(config, *extra), capture_output=True, text=True, timeout=timeout, env=_env(), cwd=REPO)
 
 
 def run_dir(config: Path) -> Path:
     return config.parent / "out" / "run"
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+
+
+def launch(config: Path, *extra: str, crash: tuple[str, int] | None = None, log_name: str = "proc") -> subprocess.Popen:
+    """Start train.py (or the crash_in_save wrapper) as a real process; output goes to files."""
+    cmd = train_cmd(config, *extra)
+    if crash:
+        cmd = [sys.executable, str(Path(__file__).with_name("crash_in_save.py")), crash[0], str(crash[1]), *cmd[2:]]
+    out = open(config.parent / f"{log_name}.log", "w")
+    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=REPO)
+
+
+def log_text(config: Path, log_name: str = "proc") -> str:
+    return (config.parent / f"{log_name}.log").read_text(errors="replace")
+
+
+def records(run: Path, kind: str = "train") -> list[dict]:
+    """metrics.jsonl rows: kind 'train' (per-step), 'eval' or 'all'."""
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written right now
+            continue
+    if kind == "train":
+        return [r for r in rows if "loss" in r and "eval" not in r and "event" not in r]
+    if kind == "eval":
+        return [r for r in rows if "eval" in r]
+    return rows
+
+
+def wait_for_step(proc: subprocess.Popen, run: Path, step: int, timeout: float = 120) -> bool:
+    """Poll metrics.jsonl until a training record reaches `step` (True) or the process ends (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(r["step"] >= step for r in records(run)):
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.01)
+    raise TimeoutError(f"no step {step} within {timeout}s")
+
+
+def trajectory(run: Path) -> list[tuple]:
+    """(step, loss, lr, grad_norm) per step, and the eval metrics: what must be identical after resume."""
+    train = [(r["step"], r["loss"], r["lr"], r["grad_norm"]) for r in records(run)]
+    evals = [(r["step"], r["eval"]) for r in records(run, "eval")]
+    return train + evals
+
+
+def final_weights(run: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(run / "final" / "model.safetensors"))
+
+
+def clone_prepared(config: Path, dest: Path) -> Path:
+    """The same prepared bytes under another output_dir (a tokenizer trained twice may number tied
+    tokens differently, so runs that must match share one copy of the data)."""
+    import shutil
+
+    from pipeline import artifacts
+    from pipeline.data.runner import PREPARED
+
+    dest.mkdir(parents=True, exist_ok=True)
+    src_data = config.parent / "out" / "data"
+    shutil.copytree(src_data, dest / "out" / "data")
+    info = artifacts.read_json(src_data / PREPARED)
+    info["stage_dir"] = str(dest / "out" / "data" / Path(info["stage_dir"]).relative_to(src_data))
+    artifacts.write_json_atomic(dest / "out" / "data" / PREPARED, info)
+    text = config.read_text(encoding="utf-8").replace(str(config.parent / "out"), str(dest / "out"))
+    (dest / "config.yaml").write_text(text, encoding="utf-8")
+    return dest / "config.yaml"
