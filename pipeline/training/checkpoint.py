@@ -95,11 +95,15 @@ def load_checkpoint(acc, path: Path, model, optimizer, scheduler) -> dict:
     from safetensors.torch import load_file
 
     state = read_json(path / STATE)
-    acc.unwrap_model(model).load_state_dict(load_file(str(path / WEIGHTS)))
-    optimizer.load_state_dict(state_io.load_optimizer(path / "optimizer.safetensors", path / "optimizer.json"))
-    scheduler.load_state_dict(state_io.read_plain(path / "scheduler.json"))
-    if acc.scaler is not None:
-        acc.scaler.load_state_dict(state_io.read_plain(path / "scaler.json"))
+    try:  # safetensors and JSON only: a planted pickle fails to parse, it never runs
+        acc.unwrap_model(model).load_state_dict(load_file(str(path / WEIGHTS)))
+        optimizer.load_state_dict(state_io.load_optimizer(path / "optimizer.safetensors", path / "optimizer.json"))
+        scheduler.load_state_dict(state_io.read_plain(path / "scheduler.json"))
+        if acc.scaler is not None:
+            acc.scaler.load_state_dict(state_io.read_plain(path / "scaler.json"))
+    except Exception as e:  # noqa: BLE001 - any parse/shape failure means this checkpoint is unusable
+        raise ValueError(f"{path}: cannot load checkpoint ({type(e).__name__}: {e}); "
+                         f"use --resume auto to fall back to an earlier one") from None
     rng_file = path / f"rng_state_{acc.process_index}.json"
     if not rng_file.is_file():
         raise ValueError(f"{path}: no RNG state for process {acc.process_index} ({rng_file.name} missing)")

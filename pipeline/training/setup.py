@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ from pipeline.training import batching, build, checkpoint, rundir
 
 # train settings that do not change the sequence of updates: free to change on resume
 FREE_ON_RESUME = {"epochs", "max_steps", "eval_every", "save_every", "save_at_epoch_end", "keep_last", "keep_best",
-                  "log_every", "metric_for_best", "nan_policy", "max_nan_in_a_row", "num_workers", "allow_slow_bf16"}
+                  "log_every", "metric_for_best", "nan_policy", "max_nan_in_a_row", "num_workers", "allow_slow_bf16",
+                  "collective_timeout_s"}
 
 
 @dataclass
@@ -113,15 +115,19 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None) -> Setup | No
     import numpy as np
     import torch
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
+    from accelerate.utils import InitProcessGroupKwargs, set_seed
 
     t, run_dir = cfg.train, cfg.run_dir
     mp = build.choose_precision(t, torch.cuda.is_available())
     rundir.check_run_dir(run_dir, resume, config_path)
     prep = _load_data(cfg, config_path)
     tok = build.load_tokenizer(prep.tokenizer_dir, cfg.model.from_scratch)
+    # accelerate's torchrun launcher does not pass a config's `use_cpu` on: without a GPU its processes
+    # would each train alone (DistributedType.NO); cpu=True makes them one gloo group (MULTI_CPU)
+    cpu = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not getattr(torch, "accelerator", torch.cuda).is_available()
+    timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=t.collective_timeout_s))  # gloo's default: 30 min
     acc = Accelerator(mixed_precision=mp, gradient_accumulation_steps=t.grad_accum, log_with="tensorboard",
-                      project_dir=str(run_dir))
+                      project_dir=str(run_dir), cpu=cpu, kwargs_handlers=[timeout])
     train_ds = prep.splits["train"]
     spe = batching.steps_per_epoch(len(train_ds), t.batch_size, acc.num_processes, t.grad_accum)
     if spe == 0:

@@ -1,0 +1,137 @@
+"""The loop in-process on the toy task: it learns, logs the named scalars, rotates checkpoints,
+exports a model that `pipeline()` loads, and handles non-finite losses by policy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from trainkit import LABELS, records, run_dir
+
+from pipeline.config import load_config
+from pipeline.training import build, checkpoint, signals
+from pipeline.training.loop import train
+
+SCALARS = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/samples_per_s",
+           "train/padding_fraction", "eval/loss", "eval/accuracy", "eval/macro_f1"}
+
+
+def _scalars(run) -> set[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set()
+    for d in {p.parent for p in (run / "tensorboard").rglob("events.out.tfevents.*")}:
+        acc = EventAccumulator(str(d))
+        acc.Reload()
+        tags |= set(acc.Tags()["scalars"])
+    return tags
+
+
+def test_tiny_model_learns_logs_rotates_and_exports(prepared, fresh_accelerate, capsys):
+    config = prepared(train={"epochs": 3, "lr": 5e-3, "save_every": 5, "eval_every": 10})
+    cfg = load_config(config)
+    assert train(cfg, str(config)) == signals.EXIT_OK
+    run = run_dir(config)
+    losses = [r["loss"] for r in records(run)]
+    assert len(losses) == 60 and sum(losses[-10:]) / 10 < sum(losses[:5]) / 5 - 0.2
+    evals = {r["step"]: r["eval"] for r in records(run, "eval")}
+    assert evals[60]["accuracy"] > 0.55 and set(evals) == {10, 20, 30, 40, 50, 60}
+    assert SCALARS <= _scalars(run)
+    # rotation: the newest 2, plus the best by accuracy (ties: the later step)
+    best = max((m["accuracy"], s) for s, m in evals.items())[1]
+    kept = {s["step"] for _, s in checkpoint.complete_checkpoints(run / "checkpoints")}
+    assert kept == {55, 60, best}
+    assert checkpoint.resolve_checkpoint(run, "best").name == f"step-{best:07d}"
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+    info = json.loads((run / "run_info.json").read_text())
+    assert "torch" in info["versions"] and "git_commit" in info and (run / "config.yaml").is_file()
+    assert json.loads((run / "model_config" / "config.json").read_text())["id2label"]["2"] == "positive"
+
+    from transformers import pipeline
+
+    clf = pipeline("text-classification", model=str(run / "final"))
+    out = clf(["w1 great w2 good", "w3 awful w4"])
+    assert {o["label"] for o in out} <= set(LABELS) and all(0 <= o["score"] <= 1 for o in out)
+
+    capsys.readouterr()
+    assert train(cfg, str(config), resume="auto") == signals.EXIT_OK  # after the last step
+    assert "nothing to do" in capsys.readouterr().out
+
+
+def test_gpt2_from_scratch_with_bpe(prepared, fresh_accelerate):
+    config = prepared(kind="bpe", train={"epochs": 1, "save_every": 0})
+    assert train(load_config(config), str(config)) == signals.EXIT_OK
+    from transformers import pipeline
+
+    final = run_dir(config) / "final"
+    conf = json.loads((final / "config.json").read_text())
+    assert conf["model_type"] == "gpt2" and conf["pad_token_id"] is not None
+    assert pipeline("text-classification", model=str(final))("w1 great")[0]["label"] in LABELS
+
+
+def _poison_classifier(monkeypatch, bad_calls: set[int] | None, from_call: int | None = None):
+    """Make the classifier head output NaN on chosen training forward passes (test-side patch)."""
+    real = build.build_model
+    calls = {"n": 0}
+
+    def hook(mod, args, out):
+        if not mod.training:
+            return out
+        calls["n"] += 1
+        if (bad_calls and calls["n"] in bad_calls) or (from_call and calls["n"] >= from_call):
+            return out * float("nan")
+        return out
+
+    def patched(*a, **k):
+        model = real(*a, **k)
+        model.classifier.register_forward_hook(hook)
+        return model
+
+    monkeypatch.setattr(build, "build_model", patched)
+
+
+def test_nan_skip_drops_the_update_and_continues(prepared, fresh_accelerate, monkeypatch):
+    _poison_classifier(monkeypatch, bad_calls={3})
+    config = prepared(train={"epochs": 1, "nan_policy": "skip", "save_every": 0})
+    assert train(load_config(config), str(config)) == signals.EXIT_OK
+    rows = records(run_dir(config), "all")
+    events = [r for r in rows if r.get("event") == "nonfinite"]
+    assert [e["step"] for e in events] == [3] and events[0]["skipped_total"] == 1
+    assert [r["nonfinite_skipped"] for r in records(run_dir(config))][-1] == 1
+
+
+def test_nan_skip_halts_after_k_in_a_row(prepared, fresh_accelerate, monkeypatch, capsys):
+    _poison_classifier(monkeypatch, None, from_call=4)
+    config = prepared(train={"epochs": 1, "nan_policy": "skip", "max_nan_in_a_row": 3, "save_every": 2})
+    assert train(load_config(config), str(config)) == signals.EXIT_NONFINITE
+    err = capsys.readouterr().err
+    assert "3 in a row" in err and "last healthy checkpoint" in err and "step-0000004" in err  # skipped updates leave it healthy
+
+
+def test_nan_halt_names_last_healthy_checkpoint(prepared, fresh_accelerate, monkeypatch, capsys):
+    _poison_classifier(monkeypatch, bad_calls={5})
+    config = prepared(train={"epochs": 1, "nan_policy": "halt", "save_every": 2})
+    assert train(load_config(config), str(config)) == signals.EXIT_NONFINITE
+    err = capsys.readouterr().err
+    assert "nan_policy=halt" in err and "step-0000004" in err
+    assert not (run_dir(config) / "final").exists()
+
+
+def test_lr_schedule_values():
+    f = build.lr_factor
+    assert [f(s, total=10, warmup=2, min_ratio=0.1) for s in (0, 1, 2)] == [0.5, 1.0, 1.0]
+    assert f(6, total=10, warmup=2, min_ratio=0.1) == pytest.approx(0.1 + 0.9 * 0.5)  # half way: cos(pi/2) = 0
+    assert f(10, total=10, warmup=2, min_ratio=0.1) == pytest.approx(0.1)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))
+    t = load_config(None, ["train.lr=0.01", "train.warmup_ratio=0.2", "train.min_lr_ratio=0.1"]).train
+    opt, sched = build.build_optimizer(model, t, total_steps=10)
+    lrs = []
+    for _ in range(10):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert lrs[:3] == pytest.approx([0.005, 0.01, 0.01]) and lrs[-1] == pytest.approx(0.01 * (0.1 + 0.9 * 0.5 * (1 + __import__("math").cos(__import__("math").pi * 7 / 8))))
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == t.weight_decay and len(decay["params"]) == 1  # only the Linear weight
+    assert no_decay["weight_decay"] == 0.0 and len(no_decay["params"]) == 3  # bias, LayerNorm weight and bias
