@@ -139,7 +139,7 @@ class TrainConfig:
     allow_slow_bf16: bool = opt(False, "run bf16 on a CPU without native bf16 support (very slow)")
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
     group_by_length: bool = opt(True, "batch texts of similar length together (less padding)")
-    pad_to_multiple_of: int = opt(8, "pad each batch's length to a multiple of this (0 = exact)")
+    pad_to_multiple_of: int = opt(8, "on a GPU, pad each batch's length to a multiple of this (0 = exact); CPUs always pad exactly")
     eval_every: int = opt(0, "evaluate on validation every N steps (0 = at the end only)")
     save_every: int = opt(0, "checkpoint every N steps (0 = only at epoch ends)")
     save_at_epoch_end: bool = opt(True, "checkpoint at the end of every epoch")

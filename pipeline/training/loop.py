@@ -160,10 +160,11 @@ def _log_train(s: Setup, win: Window) -> None:
     record = {
         "step": s.pos.step, "epoch": s.pos.epoch, "loss": loss / max(steps, 1), "lr": s.last_lr,
         "grad_norm": s.last_norm, "tokens_per_s": tokens / elapsed, "samples_per_s": samples / elapsed,
-        "padding_fraction": 1 - tokens / max(slots, 1), "nonfinite_skipped": s.nan["skipped_total"],
+        "padding_fraction": 1 - tokens / max(slots, 1), "tokens": int(tokens), "seconds": elapsed,
+        "nonfinite_skipped": s.nan["skipped_total"],
     }
     s.log.write(record)
-    acc.log({f"train/{k}": v for k, v in record.items() if k not in ("step", "epoch")}, step=s.pos.step)
+    acc.log({f"train/{k}": v for k, v in record.items() if k not in ("step", "epoch", "tokens", "seconds")}, step=s.pos.step)
 
 
 def _evaluate(s: Setup) -> dict:

@@ -1,0 +1,222 @@
+"""Several processes for real: `accelerate launch` of pipeline/train.py as 2 gloo processes on one
+machine (configs/accelerate/cpu_multiprocess.yaml) and as two "machines" on localhost (two launchers,
+machine ranks 0 and 1: cpu_two_machines_rank{0,1}.yaml), with a tiny BERT on a toy task.
+
+Each scenario runs once per module (a fixture) and several tests read what it left. All runs share
+one prepared dataset (a tokenizer trained twice may number tied tokens differently).
+
+Tolerance of "2 processes == 1 process" (dropout off, same global batch 16 = 2 x 8): the runs do
+the same arithmetic in another order: the loss is the mean of two 8-row means instead of one
+16-row mean, DDP sums the two ranks' gradients and halves them, and each rank pads its 8 rows to
+its own longest row, which changes the matmul shapes and so the BLAS summation order. In fp32
+(eps 1.2e-7) that moves a loss near 1.1 by a few ulps (measured here: at most 2.4e-7 over 20 steps,
+weights at most 2.5e-7 apart). Adam divides by sqrt(v), so rounding differences in gradients near
+zero can grow step by step; we allow 1e-5 (~80 ulps), 40x the measured drift. A sharding mistake
+(a rank reading the other's rows, or rows twice) changes which 16 examples make a step's loss:
+per-example losses at init spread by ~0.05, so the step-1 loss moves by ~1e-2, 1000x the tolerance.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+from multikit import launch_two_machines, launch_two_processes, log_of, stop, wait_all, wait_for_step, worker_exit_codes, workers
+from trainkit import build_prepared, clone_prepared, final_weights, launch, log_text, records, run_dir, trajectory
+
+from pipeline.training import batching, checkpoint
+
+pytestmark = pytest.mark.slow
+
+# 160 rows, global batch 16 -> 10 steps per epoch, 20 steps in all
+TRAIN = {"epochs": 2, "batch_size": 8, "lr": 3e-3, "log_every": 1, "eval_every": 0, "save_every": 4,
+         "keep_last": 100, "keep_best": 1, "gradient_checkpointing": True, "group_by_length": True}
+STEPS = 20
+TOL = 1e-5  # see the module docstring
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    root = tmp_path_factory.mktemp("base")
+    return build_prepared(root, train=TRAIN, model={"dropout": 0.1})
+
+
+def _clone(base, tmp_path_factory, name: str):
+    return clone_prepared(base, tmp_path_factory.mktemp(name))
+
+
+def _losses(cfg) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in records(run_dir(cfg))]
+
+
+# ---------------------------------------------------------------- 2 processes == 1 process
+
+
+@pytest.fixture(scope="module")
+def equivalence(base, tmp_path_factory):
+    """One process at batch 16 (no gradient checkpointing) and two at batch 8 (with it), dropout off."""
+    one, two = _clone(base, tmp_path_factory, "one"), _clone(base, tmp_path_factory, "two")
+    single = launch(one, "model.dropout=0.0", "train.batch_size=16", "train.gradient_checkpointing=false")
+    multi = launch_two_processes(two, "model.dropout=0.0")
+    codes = wait_all([single, multi], timeout=300)
+    assert codes == [0, 0], log_text(one)[-2000:] + log_of(two, "multi")[-3000:]
+    return one, two
+
+
+def test_two_processes_match_one_process_with_the_same_global_batch(equivalence):
+    one, two = equivalence
+    a, b = _losses(one), _losses(two)
+    assert [s for s, _ in a] == [s for s, _ in b] == list(range(1, STEPS + 1))
+    diffs = [abs(x - y) for (_, x), (_, y) in zip(a, b)]
+    assert max(diffs) <= TOL, list(zip(range(1, STEPS + 1), diffs))
+    wa, wb = final_weights(run_dir(one)), final_weights(run_dir(two))
+    assert wa.keys() == wb.keys()
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= TOL
+    assert a[-1][1] < a[0][1] - 0.05  # and it learned something: the comparison is not of two flat lines
+
+
+def test_gradient_checkpointing_under_ddp(equivalence):
+    """Non-reentrant checkpointing under DDP: no 'marked ready twice', and the same steps as without it."""
+    _, two = equivalence
+    log = log_of(two, "multi")
+    assert "2 process(es)" in log and "marked" not in log
+    assert records(run_dir(two))[-1]["step"] == STEPS
+    assert "gradient_checkpointing: true" in (run_dir(two) / "config.yaml").read_text()
+
+
+def test_rank_shards_are_disjoint_and_cover_the_epoch():
+    """The batches the loop gives each rank: disjoint, covering the epoch, and per step the same rows as
+    one process at twice the batch size (the sampler the training loop uses)."""
+    lengths = np.random.default_rng(0).integers(2, 40, size=203)
+    for group in (True, False):
+        order2 = batching.epoch_order(lengths, 42, 1, 8 * 2, group)
+        order1 = batching.epoch_order(lengths, 42, 1, 16 * 1, group)
+        per_epoch = len(order2)
+        ranks = [list(batching.RankBatches(order2, r, 8, 0, per_epoch)) for r in (0, 1)]
+        rows = [[i for b in batches for i in b] for batches in ranks]
+        assert not set(rows[0]) & set(rows[1])
+        assert sorted(rows[0] + rows[1]) == sorted(set(order1.ravel().tolist()))
+        assert len(rows[0]) + len(rows[1]) == (203 // 16) * 16  # only the tail that fills no global batch is left
+        single = list(batching.RankBatches(order1, 0, 16, 0, per_epoch))
+        assert [a + b for a, b in zip(*ranks)] == single
+        resumed = list(batching.RankBatches(order2, 1, 8, 5, per_epoch))  # a resume jumps straight to batch 5
+        assert resumed == ranks[1][5:]
+
+
+# ---------------------------------------------------------------- two machines on one host
+
+
+@pytest.fixture(scope="module")
+def two_machines(base, tmp_path_factory):
+    """The uninterrupted reference: two launchers (machine ranks 0 and 1), a checkpoint every step."""
+    cfg = _clone(base, tmp_path_factory, "machines")
+    codes = wait_all(launch_two_machines(cfg, "train.save_every=1"), timeout=300)
+    assert codes == [0, 0], log_of(cfg, "machine0")[-3000:] + log_of(cfg, "machine1")[-3000:]
+    return cfg
+
+
+def test_two_machine_run_logs_once_and_checkpoints_once_per_step(two_machines):
+    cfg, run = two_machines, run_dir(two_machines)
+    logs = log_of(cfg, "machine0") + log_of(cfg, "machine1")
+    assert "2 process(es)" in logs and logs.count("finished at step 20") == 1  # only the main process reports
+    assert [r["step"] for r in records(run)] == list(range(1, STEPS + 1))  # one line per step, not one per machine
+    assert len(list((run / "tensorboard").rglob("events.out.tfevents.*"))) == 1
+    root = run / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == [f"step-{s:07d}" for s in range(1, STEPS + 1)]  # no temporaries
+    for path, state in checkpoint.complete_checkpoints(root):
+        assert checkpoint.verify(path) is None and state["num_processes"] == 2
+        assert {"rng_state_0.json", "rng_state_1.json"} <= {p.name for p in path.iterdir()}  # both machines' RNG
+
+
+def _seed() -> random.Random:
+    seed = int(os.environ.get("MULTI_TEST_SEED", random.randrange(1_000_000)))
+    print(f"MULTI_TEST_SEED={seed}")
+    return random.Random(seed)
+
+
+@pytest.fixture(scope="module")
+def interrupted(base, tmp_path_factory):
+    """Two processes; SIGTERM to rank 1 only, at a seeded random step; then --resume auto."""
+    cfg, k = _clone(base, tmp_path_factory, "sigterm"), _seed().randint(3, STEPS - 3)
+    run = run_dir(cfg)
+    proc = launch_two_processes(cfg, log="first")
+    try:
+        rank1 = workers(proc, 2)[1]
+        wait_for_step([proc], run, k)
+        os.kill(rank1, signal.SIGTERM)
+        sent = time.monotonic()
+        code = wait_all([proc], timeout=120)[0]
+        stopped_in = time.monotonic() - sent
+    finally:
+        stop(proc)
+    stopped = checkpoint.complete_checkpoints(run / "checkpoints")[-1]
+    resumed = wait_all([launch_two_processes(cfg, "--resume", "auto", log="resumed")], timeout=300)[0]
+    return {"cfg": cfg, "k": k, "code": code, "stopped_in": stopped_in, "stopped": stopped, "resumed": resumed}
+
+
+def test_sigterm_to_one_rank_stops_all_ranks_with_a_checkpoint(interrupted):
+    r, log = interrupted, log_of(interrupted["cfg"], "first")
+    assert r["code"] is not None and r["stopped_in"] < 60, f"no stop within 60 s of SIGTERM:\n{log[-3000:]}"
+    assert worker_exit_codes(log) == {0: 75, 1: 75}, log[-3000:]  # both ranks: 'interrupted, checkpoint saved'
+    path, state = r["stopped"]
+    assert state["step"] >= r["k"] and (path / "rng_state_0.json").is_file() and (path / "rng_state_1.json").is_file()
+    assert log.count("SIGTERM received") == 1  # only rank 1 was told; rank 0 stopped because it agreed
+
+
+def test_resume_under_two_processes_is_exact(interrupted, two_machines):
+    """SIGTERM + --resume auto on one machine == the uninterrupted two-machine run, float for float
+    (2 processes on one machine or on two do the same arithmetic)."""
+    cfg = interrupted["cfg"]
+    assert interrupted["resumed"] == 0, log_of(cfg, "resumed")[-3000:]
+    assert "resuming from" in log_of(cfg, "resumed")
+    assert trajectory(run_dir(cfg)) == trajectory(run_dir(two_machines))
+    a, b = final_weights(run_dir(cfg)), final_weights(run_dir(two_machines))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---------------------------------------------------------------- a rank that dies or hangs
+
+
+def _fail_machine1(cfg, sig: int, *extra: str) -> dict:
+    """Two machines; at step 3 send `sig` to machine 1's worker; how does machine 0 end, and when."""
+    launchers = launch_two_machines(cfg, *extra)
+    try:
+        pid = workers(launchers[1], 1)[1]
+        wait_for_step(launchers, run_dir(cfg), 3)
+        os.kill(pid, sig)
+        sent = time.monotonic()
+        code = wait_all(launchers[:1], timeout=120)[0]
+        return {"code": code, "after": time.monotonic() - sent, "log": log_of(cfg, "machine0")}
+    finally:
+        for p in launchers:
+            stop(p)  # SIGKILL reaches a stopped process too
+
+
+@pytest.fixture(scope="module")
+def failures(base, tmp_path_factory):
+    """A dead rank (SIGKILL) and a hung one (SIGSTOP, with a 20 s collective timeout), side by side."""
+    dead, hung = _clone(base, tmp_path_factory, "dead"), _clone(base, tmp_path_factory, "hung")
+    with ThreadPoolExecutor(2) as pool:
+        jobs = [pool.submit(_fail_machine1, dead, signal.SIGKILL),
+                pool.submit(_fail_machine1, hung, signal.SIGSTOP, "train.collective_timeout_s=20")]
+        return {"dead": jobs[0].result(), "hung": jobs[1].result()}
+
+
+def test_a_dead_rank_stops_the_others_with_an_error(failures):
+    r = failures["dead"]
+    assert r["code"] not in (None, 0) and r["after"] < 60, r["log"][-3000:]
+    assert worker_exit_codes(r["log"]) == {0: 1}
+    assert "Connection reset by peer" in r["log"] or "Connection closed by peer" in r["log"], r["log"][-3000:]
+
+
+def test_a_hung_rank_stops_the_others_after_the_collective_timeout(failures):
+    r = failures["hung"]
+    assert r["code"] not in (None, 0), r["log"][-3000:]
+    assert 15 <= r["after"] < 80  # the 20 s timeout, not gloo's default 30 minutes, and not at once
+    assert "Timed out waiting 20000ms" in r["log"] and worker_exit_codes(r["log"]) == {0: 1}
