@@ -150,6 +150,7 @@ class TrainConfig:
     nan_policy: str = opt("skip", "non-finite loss or gradient: skip the update, or halt", ("skip", "halt"))
     max_nan_in_a_row: int = opt(5, "halt after this many skipped updates in a row")
     num_workers: int = opt(0, "DataLoader worker processes")
+    collective_timeout_s: int = opt(600, "seconds a process waits for the others in a collective before failing (a dead or hung rank stops the run with an error instead of hanging it)")
 
 
 @dataclass(frozen=True)
@@ -308,7 +309,7 @@ def validate(cfg: Config) -> None:
     if s.chunk == "words" and not 0 <= s.chunk_overlap < s.chunk_size:
         raise ConfigError(f"split.chunk_overlap must be in [0, chunk_size={s.chunk_size}), got {s.chunk_overlap}")
     t = cfg.train
-    for name in ("batch_size", "grad_accum", "epochs"):
+    for name in ("batch_size", "grad_accum", "epochs", "collective_timeout_s"):
         if getattr(t, name) < 1:
             raise ConfigError(f"train.{name} must be >= 1, got {getattr(t, name)}")
     if t.max_steps < 0 or t.lr <= 0:

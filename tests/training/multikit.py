@@ -102,13 +102,26 @@ def wait_all(launchers: list[subprocess.Popen], timeout: float) -> list[int | No
 
 
 def stop(launcher: subprocess.Popen) -> None:
-    """Kill a launcher and everything it started (its own session), if still running."""
-    if launcher.poll() is None:
+    """Kill a launcher and everything it started, if still running. torchrun starts each worker in a
+    session of its own, so killing the launcher's process group would leave them behind."""
+    import psutil
+
+    if launcher.poll() is not None:
+        return
+    try:
+        family = psutil.Process(launcher.pid).children(recursive=True)
+    except psutil.Error:
+        family = []
+    for p in family:
         try:
-            os.killpg(launcher.pid, signal.SIGKILL)
-        except ProcessLookupError:
+            p.kill()  # SIGKILL also ends a stopped (SIGSTOP) process
+        except psutil.Error:
             pass
-        launcher.wait(timeout=30)
+    try:
+        os.killpg(launcher.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    launcher.wait(timeout=30)
 
 
 def worker_exit_codes(log_text: str) -> dict[int, int]:
