@@ -68,26 +68,22 @@ def _fmix64(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> _U64(33))
 
 
-_CLASSES = {"word": r"\w", "space": r"\s"}  # what `\w+` and str.split() treat as word / space
-
-
 @functools.cache
-def _bmp_table(kind: str) -> np.ndarray:
-    """(65536,) bool: which Basic-Multilingual-Plane code points are in the class `kind`, by one
-    `re.sub` over all of them (in C) that turns members into code point 1 (itself in no class)."""
-    marked = re.sub(_CLASSES[kind], "\x01", "".join(map(chr, range(65536))))
+def _bmp_word_chars() -> np.ndarray:
+    """(65536,) bool: which Basic-Multilingual-Plane code points `\\w` matches, by one `re.sub`
+    over all of them (in C) that turns word characters into code point 1 (itself no word char)."""
+    marked = re.sub(r"\w", "\x01", "".join(map(chr, range(65536))))
     table = np.frombuffer(marked.encode("utf-32-le", "surrogatepass"), dtype=np.uint32) == 1
     table[1] = False
     return table
 
 
-def _in_class(cp: np.ndarray, kind: str) -> np.ndarray:
-    out = _bmp_table(kind)[np.minimum(cp, 65535)]
+def _is_word_char(cp: np.ndarray) -> np.ndarray:
+    out = _bmp_word_chars()[np.minimum(cp, 65535)]
     high = cp > 65535  # emoji, rare scripts: look up only the distinct ones
     if high.any():
         uniq, inv = np.unique(cp[high], return_inverse=True)
-        pattern = re.compile(_CLASSES[kind])
-        out[high] = np.array([bool(pattern.match(chr(c))) for c in uniq.tolist()], dtype=bool)[inv]
+        out[high] = np.array([bool(_WORD.match(chr(c))) for c in uniq.tolist()], dtype=bool)[inv]
     return out
 
 
@@ -122,29 +118,13 @@ def _code_points(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """All texts' code points in one (C,) uint32 array, and each text's start (N+1,)."""
     starts = np.zeros(len(texts) + 1, dtype=np.int64)
     np.cumsum([len(t) for t in texts], out=starts[1:])
-    cp = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
+    cp = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)  # lone surrogates too
     return cp, starts
 
 
-def _normalized_code_points(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Code points of `normalize_text` of every text, in numpy: casefold per text (a C call), then
-    keep a whitespace character only where it ends a run inside the text, as a single space."""
-    cp, starts = _code_points([t.casefold() for t in texts])
-    space = _in_class(cp, "space")
-    doc = np.repeat(np.arange(len(texts)), np.diff(starts))
-    solid = np.concatenate(([0], np.cumsum(~space)))  # non-space characters before each position
-    seen = solid[:-1] > solid[starts[:-1]][doc]  # a non-space character earlier in the same text
-    ends_run = np.concatenate((~space[1:], [False])) & (np.arange(len(cp)) + 1 < starts[1:][doc])
-    keep = ~space | (seen & ends_run)
-    out = np.where(space, np.uint32(32), cp)[keep]
-    new_starts = np.zeros(len(texts) + 1, dtype=np.int64)
-    np.cumsum(np.bincount(doc[keep], minlength=len(texts)), out=new_starts[1:])
-    return out, new_starts
-
-
-def normalized_hashes(texts: list[str]) -> np.ndarray:
-    """(N,) uint64 hash of `normalize_text` of each text: equal normalized texts, equal hashes."""
-    cp, starts = _normalized_code_points(texts)
+def text_hashes(texts: list[str]) -> np.ndarray:
+    """(N,) uint64 hash of each whole text: equal texts, equal hashes."""
+    cp, starts = _code_points(texts)
     return _SpanHasher(cp)(starts[:-1], starts[1:])
 
 
@@ -152,7 +132,7 @@ def _word_ngrams(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
     folded = [t.casefold() for t in texts]
     cp, starts = _code_points(folded)
     span = _SpanHasher(cp)
-    word = _in_class(cp, "word")
+    word = _is_word_char(cp)
     prev = np.concatenate(([False], word[:-1]))
     nxt = np.concatenate((word[1:], [False]))
     prev[starts[:-1][starts[:-1] < len(cp)]] = False  # a word never continues across texts
@@ -173,12 +153,12 @@ def _word_ngrams(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
         h[m] = _fmix64(h[m] * _GOLD + w_hash[first[m] + k])
     empty = np.flatnonzero(n_words == 0)  # no word character: the whole normalized text
     if len(empty):
-        h[offsets[empty]] = normalized_hashes([texts[i] for i in empty])
+        h[offsets[empty]] = text_hashes([normalize_text(texts[i]) for i in empty])
     return h, offsets
 
 
 def _char_ngrams(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
-    cp, starts = _normalized_code_points(texts)
+    cp, starts = _code_points([normalize_text(t) for t in texts])  # per text in C: cheaper than numpy
     lengths = np.diff(starts)
     count = np.maximum(lengths - n + 1, 1)
     offsets = np.zeros(len(texts) + 1, dtype=np.int64)

@@ -76,7 +76,8 @@ def test_kept_row_does_not_depend_on_row_order(tmp_path):
     first = dedup(dataset(texts, ids), cfg, StageContext(out_dir=tmp_path))
     order = np.random.default_rng(5).permutation(len(texts)).tolist()
     (tmp_path / "shuffled").mkdir()
-    second = dedup(dataset([texts[i] for i in order], [ids[i] for i in order]), cfg, StageContext(out_dir=tmp_path / "shuffled"))
+    shuffled = dataset([texts[i] for i in order], [ids[i] for i in order])
+    second = dedup(shuffled, cfg, StageContext(out_dir=tmp_path / "shuffled"))
     assert sorted(first.data["id"]) == sorted(second.data["id"])
     assert read_report(tmp_path / REPORT) == read_report(tmp_path / "shuffled" / REPORT)
 
