@@ -1,9 +1,11 @@
 """Evaluate a trained model on a prepared split: metrics, predictions, confusion matrix.
 
     python pipeline/evaluate.py --split test [--checkpoint final|best|last|NAME|PATH] [--config ...] [section.key=value ...]
-    ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 pipeline/evaluate.py --split test
+    accelerate launch --config_file configs/accelerate/multi_gpu.yaml pipeline/evaluate.py --split test
+    ACCELERATE_USE_CPU=true accelerate launch --config_file configs/accelerate/cpu_multiprocess.yaml pipeline/evaluate.py
 
-Writes <output_dir>/run/eval/<split>-<checkpoint>/ and prints a summary table.
+Writes <output_dir>/run/eval/<split>-<checkpoint>/ and prints a summary table. Inference runs in
+fp32 unless eval.bf16 (--bf16) is set; accelerate's mixed_precision setting does not change it.
 """
 
 import dataclasses

@@ -25,20 +25,22 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def prediction_rows(ids, chunks, texts, labels, probs, label_names: list[str], snippet_chars: int) -> list[dict]:
-    """predictions.jsonl rows; `probs` is (n, classes). Names, not ids, so the file reads on its own."""
+def prediction_rows(ids, labels, probs, label_names: list[str], extra: dict[str, list] | None = None) -> list[dict]:
+    """One row per prediction; `probs` is (n, classes); `extra` adds columns (name -> one value per row).
+
+    Class names, not ids, so the file reads on its own."""
     rows = []
     for i, p in enumerate(probs):
-        text = texts[i] if texts is not None else ""
-        rows.append({
-            "id": ids[i],
-            "chunk": int(chunks[i]) if chunks is not None else 0,
-            "text": text[:snippet_chars] + ("…" if len(text) > snippet_chars else ""),
-            "label": label_names[int(labels[i])],
-            "prediction": label_names[int(p.argmax())],
-            "probabilities": {name: round(float(v), 6) for name, v in zip(label_names, p)},
-        })
+        row = {"id": ids[i], **{k: v[i] for k, v in (extra or {}).items()}}
+        row["label"] = label_names[int(labels[i])]
+        row["prediction"] = label_names[int(p.argmax())]
+        row["probabilities"] = {name: round(float(v), 6) for name, v in zip(label_names, p)}
+        rows.append(row)
     return rows
+
+
+def snippet(text: str, chars: int) -> str:
+    return text[:chars] + ("…" if len(text) > chars else "")
 
 
 def write_confusion(out: Path, stem: str, matrix: list[list[int]], label_names: list[str], title: str) -> None:

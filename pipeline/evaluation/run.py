@@ -37,18 +37,19 @@ def _score(dataset: Any, logits: np.ndarray, label_names: list[str]) -> tuple[di
 
 def _write(out: Path, metrics: dict, dataset: Any, logits: np.ndarray, docs: aggregate.Documents, cfg: Config, step: int) -> None:
     """Everything lands in a temporary folder renamed into place: never a half-written report."""
-    names = metrics["label_names"]
+    names, chars = metrics["label_names"], cfg.eval.snippet_chars
+    examples = report.prediction_rows(dataset["id"][:], dataset["label"][:], aggregate.softmax(logits), names, {
+        "chunk": dataset["chunk"][:], "text": [report.snippet(t, chars) for t in dataset["text"][:]]})
+    documents = report.prediction_rows(docs.ids, docs.labels, aggregate.softmax(docs.logits), names, {
+        "chunks": docs.num_chunks.tolist()})
     with artifacts.atomic_dir(out, replace=True) as tmp:
         artifacts.write_json_atomic(tmp / "metrics.json", metrics)
-        report.write_jsonl(tmp / "predictions.jsonl", report.prediction_rows(
-            dataset["id"][:], dataset["chunk"][:], dataset["text"][:], dataset["label"][:],
-            aggregate.softmax(logits), names, cfg.eval.snippet_chars))
-        report.write_jsonl(tmp / "documents.jsonl", [
-            {**row, "chunks": int(n)} for row, n in zip(report.prediction_rows(
-                docs.ids, None, None, docs.labels, aggregate.softmax(docs.logits), names, 0), docs.num_chunks)])
+        report.write_jsonl(tmp / "predictions.jsonl", examples)
+        report.write_jsonl(tmp / "documents.jsonl", documents)
         report.write_confusion(tmp, "confusion_matrix", metrics["chunk"]["confusion_matrix"], names, f"{cfg.eval.split}: chunks")
         if docs.num_chunks.max() > 1:
-            report.write_confusion(tmp, "confusion_matrix_documents", metrics["document"]["confusion_matrix"], names, f"{cfg.eval.split}: documents")
+            report.write_confusion(tmp, "confusion_matrix_documents", metrics["document"]["confusion_matrix"], names,
+                                   f"{cfg.eval.split}: documents")
         report.write_tensorboard(tmp, metrics, names, step)
 
 

@@ -43,7 +43,8 @@ def test_outputs_exist_parse_and_agree(world, capsys):
     accuracy = np.mean([p["label"] == p["prediction"] for p in preds])
     assert metrics["chunk"]["accuracy"] == pytest.approx(accuracy)
     assert metrics["chunk"]["examples"] == 13 and metrics["document"]["examples"] == 10
-    assert {d["id"]: d["chunks"] for d in docs}["long"] == 3
+    assert {d["id"]: d["chunks"] for d in docs}["long"] == 3 and "text" not in docs[0]
+    assert preds[0]["text"] == world.test_rows[0][3]  # shorter than eval.snippet_chars: whole
     assert metrics["document"]["accuracy"] == pytest.approx(np.mean([d["label"] == d["prediction"] for d in docs]))
     assert sum(v["support"] for v in metrics["chunk"]["per_class"].values()) == 13
     # confusion matrix CSV = the one in metrics.json; the PNGs are PNGs
@@ -63,11 +64,15 @@ def test_outputs_exist_parse_and_agree(world, capsys):
     assert "accuracy" in table and "macro F1" in table and str(out) in table
 
 
-def test_a_named_checkpoint_gets_its_own_folder_and_step(world):
-    assert _main(["--config", str(world.config_path), "--checkpoint", "best", "--split", "validation", "--quiet"]) == 0
+def test_a_named_checkpoint_gets_its_own_folder_and_step_and_bf16_runs(world, capsys):
+    from pipeline.evaluation.predict import cpu_has_native_bf16
+
+    argv = ["--config", str(world.config_path), "--checkpoint", "best", "--split", "validation", "--quiet", "--bf16"]
+    assert _main(argv) == 0
     metrics = json.loads((world.run_dir / "eval" / "validation-best" / "metrics.json").read_text())
     assert metrics["checkpoint_path"].endswith("step-4") and metrics["step"] == 4
-    assert metrics["chunk"]["examples"] == 5
+    assert metrics["chunk"]["examples"] == 5 and metrics["bf16"] is True
+    assert cpu_has_native_bf16() or "WARNING: eval.bf16" in capsys.readouterr().err
 
 
 def test_unknown_split_lists_the_available_ones(world):
