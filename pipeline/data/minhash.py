@@ -296,6 +296,8 @@ def lsh_params(threshold: float, num_perm: int, bands: int = 0, rows: int = 0, v
     weighted false positive and false negative areas under the S-curve 1 - (1 - J^rows)^bands
     around `threshold` (weights RECALL_WEIGHTS when verified, datasketch's (0.5, 0.5) otherwise)."""
     if bands and rows:
+        if bands < 2:
+            raise ValueError(f"dedup.bands is {bands}: datasketch's MinHashLSH needs at least 2 bands")
         return bands, rows
     from datasketch import MinHashLSH
 

@@ -162,6 +162,8 @@ def test_cross_duplicates_finds_planted_leaks_only():
 
 def test_lsh_params_configured_or_chosen():
     assert minhash.lsh_params(0.7, 128, 16, 8) == (16, 8)
+    with pytest.raises(ValueError, match="dedup.bands"):
+        minhash.lsh_params(0.7, 128, 1, 8)
     b, r = minhash.lsh_params(0.5, 128)
     hit = 1 - (1 - 0.5**r) ** b  # chance that a pair with J = 0.5 becomes a candidate
     assert b * r <= 128 and hit > 0.85 > 1 - (1 - 0.5**5) ** 25  # leaning to recall, unlike 25 x 5
