@@ -33,7 +33,7 @@ class Plan:
     """What dedup decided for a list of texts (row indices into that list)."""
 
     keep: list[int]  # rows kept, ascending
-    clusters: list[dict]  # {"kept": row, "removed": [(row, kind, similarity), ...]}, by kept row
+    clusters: list[dict]  # {"kept": row, "removed": [(row, kind, similarity), ...]}, by kept id
     stats: dict = field(default_factory=dict)
 
 
@@ -91,7 +91,8 @@ def plan_dedup(texts: list[str], ids: list[str], cfg: DedupConfig) -> Plan:
     for rows in removed.values():
         keep[[r for r, _, _ in rows]] = False
     by_similarity = lambda row: (-row[2], rank(row[0]))  # noqa: E731
-    clusters = [{"kept": k, "removed": sorted(v, key=by_similarity)} for k, v in sorted(removed.items())]
+    order = sorted(removed, key=lambda k: (ids[k], k))  # by kept id: the report does not depend on row order
+    clusters = [{"kept": k, "removed": sorted(removed[k], key=by_similarity)} for k in order]
     stats["clusters"] = len(clusters)
     return Plan(np.flatnonzero(keep).tolist(), clusters, stats)
 
