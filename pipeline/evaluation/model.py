@@ -95,3 +95,14 @@ def checkpoint_step(ckpt: Path) -> int:
         return 0
     value = artifacts.read_json(state)
     return int(value.get("step", value.get("global_step", 0))) if isinstance(value, dict) else 0
+
+
+def training_data_fingerprint(ckpt: Path) -> str | None:
+    """Fingerprint of the prepared data the weights were trained on: a checkpoint's state.json, or for
+    final/ the run's run_info.json (last launch); None when neither says."""
+    try:
+        if (ckpt / "state.json").is_file():
+            return artifacts.read_json(ckpt / "state.json")["fingerprints"]["data"]
+        return artifacts.read_json(ckpt.parent / "run_info.json")["launches"][-1]["fingerprints"]["data"]
+    except (FileNotFoundError, ValueError, KeyError, IndexError, TypeError):
+        return None

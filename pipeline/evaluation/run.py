@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,10 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
     if not accelerator.is_main_process:
         accelerator.end_training()
         return None
+    trained_on = model_io.training_data_fingerprint(ckpt)
+    if trained_on not in (None, prepared.fingerprint):
+        print(f"warning: {ckpt} was trained on other prepared data (fingerprint {trained_on}) than this config's "
+              f"({prepared.fingerprint}); split '{cfg.eval.split}' may overlap what it was trained on", file=sys.stderr)
     chunk, document, docs = _score(dataset, logits, prepared.label_names)
     out = output_dir(cfg, ckpt)
     metrics = {
@@ -79,7 +84,7 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
         "chunk": chunk, "document": document,
         "seconds": round(seconds, 3), "examples_per_second": len(dataset) / max(seconds, 1e-9),
         "processes": accelerator.num_processes, "bf16": cfg.eval.bf16, "batch_size": cfg.eval.batch_size,
-        "data_fingerprint": prepared.fingerprint, "output_dir": str(out), "versions": artifacts.library_versions(),
+        "data_fingerprint": prepared.fingerprint, "training_data_fingerprint": trained_on, "output_dir": str(out), "versions": artifacts.library_versions(),
     }
     _write(out, metrics, dataset, logits, docs, cfg, metrics["step"])
     accelerator.end_training()

@@ -88,7 +88,7 @@ def _model(vocab_size: int, label_names: list[str], seed: int = 0):
     return BertForSequenceClassification(config).eval()
 
 
-def write_checkpoint(run_dir: Path, name: str, model, step: int, macro_f1: float = 0.5) -> Path:
+def write_checkpoint(run_dir: Path, name: str, model, step: int, macro_f1: float, data_fp: str) -> Path:
     """checkpoints/<name>/ as training writes it: weights, state.json (with a validation metric), manifest last."""
     from safetensors.torch import save_file
 
@@ -96,7 +96,7 @@ def write_checkpoint(run_dir: Path, name: str, model, step: int, macro_f1: float
     ckpt.mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(ckpt / "model.safetensors"))
     state = {"step": step, "epoch": 0, "batch_in_epoch": step, "best": {"metric": "macro_f1", "greater_is_better": True},
-             "metrics": {"macro_f1": macro_f1}}
+             "metrics": {"macro_f1": macro_f1}, "fingerprints": {"data": data_fp}}
     artifacts.write_json_atomic(ckpt / "state.json", state)
     files = {p.name: {"bytes": p.stat().st_size, "sha256": artifacts.file_sha256(p)} for p in sorted(ckpt.iterdir())}
     artifacts.write_json_atomic(ckpt / artifacts.MANIFEST, artifacts.manifest(kind="checkpoint", files=files))  # last
@@ -122,8 +122,8 @@ def build_world(root: Path, data_labels=LABELS, model_labels=LABELS) -> World:
     model.save_pretrained(cfg.run_dir / "final")
     tokenizer.save_pretrained(cfg.run_dir / "final")
     model.config.save_pretrained(cfg.run_dir / "model_config")
-    write_checkpoint(cfg.run_dir, "step-4", _model(len(tokenizer), list(model_labels), seed=1), step=4, macro_f1=0.6)
-    write_checkpoint(cfg.run_dir, "step-8", _model(len(tokenizer), list(model_labels), seed=2), step=8, macro_f1=0.4)
+    write_checkpoint(cfg.run_dir, "step-4", _model(len(tokenizer), list(model_labels), seed=1), step=4, macro_f1=0.6, data_fp="test")
+    write_checkpoint(cfg.run_dir, "step-8", _model(len(tokenizer), list(model_labels), seed=2), step=8, macro_f1=0.4, data_fp="other-data")
     return World(cfg, config_path, cfg.run_dir, stage_dir, list(data_labels), TEST_ROWS)
 
 

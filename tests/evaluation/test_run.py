@@ -72,7 +72,9 @@ def test_a_named_checkpoint_gets_its_own_folder_and_step_and_bf16_runs(world, ca
     metrics = json.loads((world.run_dir / "eval" / "validation-best" / "metrics.json").read_text())
     assert metrics["checkpoint_path"].endswith("step-4") and metrics["step"] == 4
     assert metrics["chunk"]["examples"] == 5 and metrics["bf16"] is True
-    assert cpu_has_native_bf16() or "WARNING: eval.bf16" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert cpu_has_native_bf16() or "WARNING: eval.bf16" in err
+    assert "other prepared data" not in err  # step-4 was trained on this data
 
 
 def test_unknown_split_lists_the_available_ones(world):
@@ -94,3 +96,10 @@ def test_bad_input_is_one_line_on_stderr_and_exit_code_2(world):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: checkpoint 'nope' not found")
+
+
+def test_a_checkpoint_trained_on_other_data_is_flagged(world, capsys):
+    assert _main(["--config", str(world.config_path), "--checkpoint", "last", "--quiet"]) == 0  # step-8: other data
+    metrics = json.loads((world.run_dir / "eval" / "test-last" / "metrics.json").read_text())
+    assert metrics["training_data_fingerprint"] == "other-data" and metrics["data_fingerprint"] == "test"
+    assert "trained on other prepared data (fingerprint other-data)" in capsys.readouterr().err
