@@ -46,6 +46,8 @@ class SourceConfig:
     hub_splits: list = opt([], "hub splits to load (empty = all)")
     bad_lines: str = opt("error", "malformed JSONL/CSV rows: fail naming the line, or skip and count", ("error", "skip"))
     max_rows: int = opt(0, "keep only the first N rows (0 = all); for quick experiments")
+    sample: float = opt(1.0, "keep this fraction of rows, chosen by a hash of the row id (stable, spread over the file)")
+    sample_seed: int = opt(0, "seed of the hash that picks the sample")
 
 
 @dataclass(frozen=True)
@@ -318,6 +320,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("train.min_lr_ratio must be in [0, 1] and train.warmup_ratio in [0, 1)")
     if cfg.tokenize.max_length < 2:
         raise ConfigError(f"tokenize.max_length must be >= 2, got {cfg.tokenize.max_length}")
+    if not 0.0 < cfg.source.sample <= 1.0:
+        raise ConfigError(f"source.sample must be in (0, 1], got {cfg.source.sample}")
     if cfg.source.format != "hub" and not cfg.source.path:
         raise ConfigError("source.path is empty: name the file or folder to read")
 

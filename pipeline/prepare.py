@@ -3,6 +3,7 @@
     python pipeline/prepare.py --dedup minhash [--config configs/default.yaml] [section.key=value ...]
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-proc", type=int, help="processes for the heavy stages (dedup, tokenize)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
+    if args.quiet:
+        os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when datasets is first imported
     cfg = config_from_args(
         args, {"dedup.method": args.dedup, "dedup.num_proc": args.num_proc, "tokenize.num_proc": args.num_proc}
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,3 +34,15 @@ def num_rows(data: Any) -> int:
     if hasattr(data, "num_rows") and isinstance(data.num_rows, int):
         return data.num_rows
     return sum(d.num_rows for d in data.values())
+
+
+def column(ds: Any, name: str) -> list:
+    """A column as a Python list. `ds[name]` alone is a lazy Column in datasets>=4, and indexing it
+    row by row costs a table lookup per row (seconds for a few thousand rows)."""
+    return ds[name][:]
+
+
+def unit_hash(seed: int, doc_id: str) -> float:
+    """A uniform number in [0, 1) fixed by (seed, id): a document's place in every sampling decision."""
+    digest = hashlib.blake2b(f"{seed}\0{doc_id}".encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64

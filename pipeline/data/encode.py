@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config import TokenizeConfig
-from pipeline.data.common import SPLITS, StageContext, StageResult
+from pipeline.data.common import SPLITS, StageContext, StageResult, column
 from pipeline.resolve import resolve_pretrained
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "merges.txt")
@@ -115,7 +115,7 @@ def encode(dd, cfg: TokenizeConfig, pretrained: str, ctx: StageContext) -> Stage
     """DatasetDict with text -> + input_ids, attention_mask, length (tokens); tokenizer saved alongside."""
     from datasets import DatasetDict
 
-    tok = build_tokenizer(iter(dd["train"]["text"]), cfg, pretrained, ctx.out_dir / "tokenizer")
+    tok = build_tokenizer(column(dd["train"], "text"), cfg, pretrained, ctx.out_dir / "tokenizer")
 
     def enc(batch):
         out = tok.encode_batch(batch["text"])
@@ -129,6 +129,6 @@ def encode(dd, cfg: TokenizeConfig, pretrained: str, ctx: StageContext) -> Stage
     result, stats = {}, {"kind": cfg.kind, "vocab_size": tok.get_vocab_size(), "max_length": cfg.max_length}
     for s in SPLITS:
         mapped = dd[s].map(enc, batched=True, batch_size=1000, desc=f"tokenize {s}")
-        stats[s] = length_stats(mapped["length"], mapped["truncated"])
+        stats[s] = length_stats(column(mapped, "length"), column(mapped, "truncated"))
         result[s] = mapped.remove_columns("truncated")
     return StageResult(DatasetDict(result), {}, stats)

@@ -6,7 +6,7 @@ import re
 from collections import Counter, defaultdict
 
 from pipeline.config import LabelConfig
-from pipeline.data.common import SPLITS, StageContext, StageResult
+from pipeline.data.common import SPLITS, StageContext, StageResult, column
 
 MISSING = "<missing>"  # how an empty raw label that no rule matched is reported
 
@@ -39,7 +39,7 @@ def class_names(dd, cfg: LabelConfig, mapping: dict, rules: list) -> list[str]:
         if len(set(names)) != len(names):
             raise ValueError(f"label.names has repeated names: {names}")
         return names
-    seen = {resolve(r, t, mapping, rules) for s in SPLITS for r, t in zip(dd[s]["label"], dd[s]["text"])}
+    seen = {resolve(r, t, mapping, rules) for s in SPLITS for r, t in zip(column(dd[s], "label"), column(dd[s], "text"))}
     return sorted(seen - {MISSING})
 
 
@@ -63,7 +63,7 @@ def label(dd, cfg: LabelConfig, ctx: StageContext) -> StageResult:
     index = {n: i for i, n in enumerate(names)}
     bad: dict[str, list[str]] = defaultdict(list)
     for s in SPLITS:
-        for doc_id, raw, text in zip(dd[s]["id"], dd[s]["label"], dd[s]["text"]):
+        for doc_id, raw, text in zip(column(dd[s], "id"), column(dd[s], "label"), column(dd[s], "text")):
             name = resolve(raw, text, mapping, rules)
             if name not in index:
                 bad[name].append(doc_id)
@@ -81,5 +81,5 @@ def label(dd, cfg: LabelConfig, ctx: StageContext) -> StageResult:
         out[s] = kept.cast_column("label", ClassLabel(names=names))
     dropped = {"unknown_label": sum(len(v) for k, v in bad.items() if k != MISSING), "missing_label": len(bad.get(MISSING, []))}
     result = DatasetDict(out)
-    counts = {s: dict(Counter(names[i] for i in result[s]["label"])) for s in SPLITS}
+    counts = {s: dict(Counter(names[i] for i in column(result[s], "label"))) for s in SPLITS}
     return StageResult(result, {k: v for k, v in dropped.items() if v}, {"label_names": names, "class_counts": counts})

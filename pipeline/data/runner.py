@@ -8,6 +8,8 @@ is missing (or forced) and every stage after it run again.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -27,22 +29,32 @@ class Stage:
     name: str
     run: Callable[[Any, StageContext], StageResult]
     config: tuple  # the config sections (or values) this stage's output depends on
-    modules: tuple  # the modules whose source defines this stage
+    modules: tuple  # names of the modules under pipeline.data whose source defines this stage
+
+
+def _call(module: str, function: str, *args: Any) -> StageResult:
+    """Import a stage module only when the stage runs: a fully cached prepare imports no datasets."""
+    return getattr(importlib.import_module(f"pipeline.data.{module}"), function)(*args)
 
 
 def stage_table(cfg: Config) -> list[Stage]:
     """The pipeline, in order. Reads like a table of contents."""
-    from pipeline.data import clean, dedup, encode, label, minhash, readers, sources, split
-
     tok = (cfg.tokenize, pretrained_tokenizer_name(cfg) if cfg.tokenize.kind == "pretrained" else "")
     return [
-        Stage("load", lambda _, ctx: sources.load(cfg.source, ctx), (cfg.source,), (sources, readers)),
-        Stage("clean", lambda d, ctx: clean.clean(d, cfg.clean, ctx), (cfg.clean,), (clean,)),
-        Stage("dedup", lambda d, ctx: dedup.dedup(d, cfg.dedup, ctx), (cfg.dedup,), (dedup, minhash)),
-        Stage("split", lambda d, ctx: split.split(d, cfg.split, cfg.dedup, ctx), (cfg.split, cfg.dedup), (split, minhash)),
-        Stage("label", lambda d, ctx: label.label(d, cfg.label, ctx), (cfg.label,), (label,)),
-        Stage("tokenize", lambda d, ctx: encode.encode(d, cfg.tokenize, tok[1], ctx), tok, (encode,)),
+        Stage("load", lambda _, ctx: _call("sources", "load", cfg.source, ctx), (cfg.source,), ("sources", "readers")),
+        Stage("clean", lambda d, ctx: _call("clean", "clean", d, cfg.clean, ctx), (cfg.clean,), ("clean",)),
+        Stage("dedup", lambda d, ctx: _call("dedup", "dedup", d, cfg.dedup, ctx), (cfg.dedup,), ("dedup", "minhash")),
+        Stage("split", lambda d, ctx: _call("split", "split", d, cfg.split, cfg.dedup, ctx), (cfg.split, cfg.dedup),
+              ("split", "minhash")),
+        Stage("label", lambda d, ctx: _call("label", "label", d, cfg.label, ctx), (cfg.label,), ("label",)),
+        Stage("tokenize", lambda d, ctx: _call("encode", "encode", d, cfg.tokenize, tok[1], ctx), tok, ("encode",)),
     ]
+
+
+def _code_fingerprint(modules: tuple) -> str:
+    """Hash of the stage modules' source files, read without importing them."""
+    paths = [importlib.util.find_spec(f"pipeline.data.{m}").origin for m in modules]
+    return artifacts.fingerprint([Path(p).read_bytes().decode("utf-8") for p in paths])
 
 
 def data_config_fingerprint(cfg: Config) -> str:
@@ -60,11 +72,8 @@ def _config_dicts(values: tuple) -> list:
 
 def run(cfg: Config, force: bool = False, from_stage: str | None = None, progress: bool = True) -> list[dict]:
     """Run (or reuse) every stage; return one report row per stage."""
-    import datasets
-
     from pipeline.data import sources
 
-    datasets.disable_caching()  # stages cache themselves; no cache-*.arrow files inside earlier stages' dirs
     if from_stage is not None and from_stage not in STAGE_NAMES:
         raise ValueError(f"--from {from_stage!r} is not a stage; stages: {', '.join(STAGE_NAMES)}")
     first_forced = 0 if force else (STAGE_NAMES.index(from_stage) if from_stage else len(STAGE_NAMES))
@@ -73,7 +82,7 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
     input_fp = sources.fingerprint(cfg.source)
     data, data_dir, rows, manifests = None, None, [], {}
     for k, stage in enumerate(stage_table(cfg)):
-        fp = artifacts.fingerprint(stage.name, artifacts.code_fingerprint(*stage.modules), _config_dicts(stage.config), input_fp)
+        fp = artifacts.fingerprint(stage.name, _code_fingerprint(stage.modules), _config_dicts(stage.config), input_fp)
         out = stages_root / f"{k}-{stage.name}-{fp}"
         if k >= first_forced and out.exists():
             shutil.rmtree(out)
@@ -108,6 +117,9 @@ def _load(stage_dir: Path) -> Any:
 
 
 def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, cfg: Config, progress: bool):
+    import datasets
+
+    datasets.disable_caching()  # stages cache themselves; no cache-*.arrow files inside earlier stages' dirs
     start = time.perf_counter()
     rows_in = num_rows(data) if data is not None else None
     with artifacts.atomic_dir(out, replace=True) as tmp:

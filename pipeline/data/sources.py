@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from pipeline import artifacts
 from pipeline.config import SourceConfig
 from pipeline.data import readers
-from pipeline.data.common import StageContext, StageResult
+from pipeline.data.common import StageContext, StageResult, unit_hash
 
 COLUMNS = ("id", "text", "label", "source_split")
 SPLIT_ALIASES = {"valid": "validation", "val": "validation", "dev": "validation"}
@@ -89,14 +89,14 @@ def load(cfg: SourceConfig, ctx: StageContext) -> StageResult:
         table, dropped = readers.READERS[cfg.format](path, cfg)
         where = str(path)
     rows_read = table.num_rows
-    table, empty = _finish(table, cfg, where)
-    dropped = {**dropped, "empty": empty}
+    table, empty, unsampled = _finish(table, cfg, where)
+    dropped = {**dropped, "empty": empty, "not_sampled": unsampled}
     stats = {"format": cfg.format, "source": where, "rows_read": rows_read}
     return StageResult(datasets.Dataset(table), {k: v for k, v in dropped.items() if v}, stats)
 
 
-def _finish(table: pa.Table, cfg: SourceConfig, where: str) -> tuple[pa.Table, int]:
-    """Apply max_rows, make every column a non-null string, drop empty texts, assign ids."""
+def _finish(table: pa.Table, cfg: SourceConfig, where: str) -> tuple[pa.Table, int, int]:
+    """Apply max_rows, make every column a non-null string, drop empty texts, assign ids, sample."""
     if cfg.max_rows > 0:
         table = table.slice(0, cfg.max_rows)
     cols = {name: _as_string(table, name, where) for name in COLUMNS}
@@ -108,7 +108,12 @@ def _finish(table: pa.Table, cfg: SourceConfig, where: str) -> tuple[pa.Table, i
     else:
         cols["id"] = pa.array(content_ids(cols["text"].to_pylist()), pa.string())
     cols["source_split"] = _normalise_splits(cols["source_split"])
-    return pa.table([cols[name] for name in COLUMNS], names=list(COLUMNS)), empty
+    table = pa.table([cols[name] for name in COLUMNS], names=list(COLUMNS))
+    rows = table.num_rows
+    if cfg.sample < 1.0:  # by a hash of the id, so the sample is stable and spread over the whole file
+        keep = [unit_hash(cfg.sample_seed, i) < cfg.sample for i in table.column("id").to_pylist()]
+        table = table.filter(pa.array(keep))
+    return table, empty, rows - table.num_rows
 
 
 def _as_string(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:

@@ -8,23 +8,16 @@ after the assignment, so every chunk of a document lands in the document's split
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections import defaultdict
 
 from pipeline.config import DedupConfig, SplitConfig
-from pipeline.data.common import SPLITS, StageContext, StageResult
+from pipeline.data.common import SPLITS, StageContext, StageResult, column, unit_hash
 
 SOURCE_SPLIT_NAMES = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
                       "val": "validation", "dev": "validation", "test": "test", "testing": "test"}
 _SENTENCE_END = re.compile(r"(?<=[.!?…])\s+")
-
-
-def unit_hash(seed: int, doc_id: str) -> float:
-    """A uniform number in [0, 1) fixed by (seed, id): the document's place in every split decision."""
-    digest = hashlib.blake2b(f"{seed}\0{doc_id}".encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2.0**64
 
 
 def assign(ids: list[str], labels: list[str], ratios: tuple[float, float, float], seed: int, stratify: bool) -> list[str]:
@@ -48,7 +41,7 @@ def assign(ids: list[str], labels: list[str], ratios: tuple[float, float, float]
 
 def _from_source(ds, cfg: SplitConfig) -> list[str] | None:
     """Use the source's own split; a missing validation split is carved from train by hash."""
-    raw = ds["source_split"]
+    raw = column(ds, "source_split")
     if not cfg.use_source_split or not any(raw):
         return None
     unknown = sorted({r for r in raw if r.lower() not in SOURCE_SPLIT_NAMES})
@@ -60,7 +53,7 @@ def _from_source(ds, cfg: SplitConfig) -> list[str] | None:
     names = [SOURCE_SPLIT_NAMES[r.lower()] for r in raw]
     if "validation" not in names and cfg.validation > 0:
         share = cfg.validation / (cfg.train + cfg.validation)
-        ids = ds["id"]
+        ids = column(ds, "id")
         names = [
             "validation" if n == "train" and unit_hash(cfg.seed, ids[k]) < share else n for k, n in enumerate(names)
         ]
@@ -114,8 +107,8 @@ def _leakage(parts: dict, cfg: SplitConfig, dedup_cfg: DedupConfig, ctx: StageCo
     for name in ("validation", "test"):
         if parts[name].num_rows == 0 or train.num_rows == 0:
             continue
-        hits = cross_duplicates(train["text"], parts[name]["text"], dedup_cfg, cfg.leakage_threshold)
-        qids, tids = parts[name]["id"], train["id"]
+        hits = cross_duplicates(column(train, "text"), column(parts[name], "text"), dedup_cfg, cfg.leakage_threshold)
+        qids, tids = column(parts[name], "id"), column(train, "id")
         leaks += [{"split": name, "id": qids[q], "train_id": tids[r], "jaccard": round(j, 4)} for q, r, j in hits]
         if hits and cfg.leakage == "remove":
             bad = {q for q, _, _ in hits}
@@ -135,7 +128,7 @@ def split(ds, cfg: SplitConfig, dedup_cfg: DedupConfig, ctx: StageContext) -> St
     names = _from_source(ds, cfg)
     source_kept = names is not None
     if names is None:
-        names = assign(ds["id"], ds["label"], (cfg.train, cfg.validation, cfg.test), cfg.seed, cfg.stratify)
+        names = assign(column(ds, "id"), column(ds, "label"), (cfg.train, cfg.validation, cfg.test), cfg.seed, cfg.stratify)
     rows: dict[str, list[int]] = {s: [] for s in SPLITS}
     for k, name in enumerate(names):
         rows[name].append(k)

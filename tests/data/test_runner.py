@@ -142,5 +142,5 @@ def test_cli_error_is_one_line(tmp_path):
                          capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        f"error: {ROOT / 'configs' / 'default.yaml'}: unknown config key 'dedup.treshold'; did you mean 'dedup.threshold'?"
+        "error: unknown config key 'dedup.treshold'; did you mean 'dedup.threshold'?"
     ]

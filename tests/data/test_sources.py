@@ -295,3 +295,15 @@ def test_default_corpus_loads(tmp_path):
     assert result.data.num_rows == 38_158 and result.dropped == {}
     assert {n: labels.count(n) for n in set(labels)} == {"negative": 16_186, "neutral": 15_018, "positive": 6_954}
     assert sum("-" in i for i in result.data["id"][:]) == 915  # repeated texts get -2, -3, ...
+
+
+def test_sample_is_a_stable_hash_of_the_id_spread_over_the_file(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps({"text": f"row {k}", "label": "a" if k < 500 else "b"}) + "\n" for k in range(1000)))
+    full = _load(tmp_path, format="jsonl", path=str(path)).data
+    half = _load(tmp_path, format="jsonl", path=str(path), sample=0.3)
+    ids = half.data["id"][:]
+    assert 240 < len(ids) < 360 and set(ids) <= set(full["id"][:])
+    assert set(half.data["label"][:]) == {"a", "b"}  # not just the head of a file sorted by label
+    assert half.dropped == {"not_sampled": 1000 - len(ids)}
+    assert _load(tmp_path, format="jsonl", path=str(path), sample=0.3).data["id"][:] == ids
