@@ -43,9 +43,9 @@ def stage_table(cfg: Config) -> list[Stage]:
     return [
         Stage("load", lambda _, ctx: _call("sources", "load", cfg.source, ctx), (cfg.source,), ("sources", "readers")),
         Stage("clean", lambda d, ctx: _call("clean", "clean", d, cfg.clean, ctx), (cfg.clean,), ("clean",)),
-        Stage("dedup", lambda d, ctx: _call("dedup", "dedup", d, cfg.dedup, ctx), (cfg.dedup,), ("dedup", "minhash")),
+        Stage("dedup", lambda d, ctx: _call("dedup", "dedup", d, cfg.dedup, ctx), (cfg.dedup,), ("dedup", "minhash", "shingling")),
         Stage("split", lambda d, ctx: _call("split", "split", d, cfg.split, cfg.dedup, ctx), (cfg.split, cfg.dedup),
-              ("split", "minhash")),
+              ("split", "minhash", "shingling")),
         Stage("label", lambda d, ctx: _call("label", "label", d, cfg.label, ctx), (cfg.label,), ("label",)),
         Stage("tokenize", lambda d, ctx: _call("encode", "encode", d, cfg.tokenize, tok[1], ctx), tok, ("encode",)),
     ]

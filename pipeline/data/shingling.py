@@ -1,0 +1,166 @@
+"""Shingles and their hashes, vectorized: every shingle of a batch of texts hashed once, in numpy.
+
+Words are maximal runs of `str.isalnum()` characters and `_` in the casefolded text (what `\\w+`
+matches); a text with fewer than n words gives one shingle of all its words, and a text without
+any word character one shingle of its whole normalized text. Output: `hashes` (S,) uint64 and
+`offsets` (N+1,) so that text d owns hashes[offsets[d]:offsets[d+1]].
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import numpy as np
+
+U64 = np.uint64
+_K = 0x100000001B3  # odd multiplier of the polynomial code-point hash (invertible mod 2^64)
+_K_INV = pow(_K, -1, 1 << 64)
+GOLD = U64(0x9E3779B97F4A7C15)  # chains word hashes into an n-gram hash
+_BATCH_CHARS = 1 << 21  # code points hashed per batch: bounds memory (~10 arrays of 8 bytes each)
+_WORD = re.compile(r"\w+")
+
+
+def normalize_text(text: str) -> str:
+    """Casefolded, whitespace collapsed: the key of exact duplicates and of char shingles."""
+    return " ".join(text.casefold().split())
+
+
+def shingles(text: str, unit: str, n: int) -> list[str]:
+    """The shingles of one text as strings: the readable definition `shingle_hashes` implements."""
+    if unit == "char":
+        s = normalize_text(text)
+        return [s] if len(s) < n else [s[i : i + n] for i in range(len(s) - n + 1)]
+    words = _WORD.findall(text.casefold())
+    if not words:
+        return [normalize_text(text)]
+    return [" ".join(words)] if len(words) < n else [" ".join(words[i : i + n]) for i in range(len(words) - n + 1)]
+
+
+# ---------------------------------------------------------------- shingle hashes
+
+
+def fmix64(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 64-bit finalizer: a bijection that spreads every input bit (wraps mod 2^64)."""
+    h = h ^ (h >> U64(33))
+    h = h * U64(0xFF51AFD7ED558CCD)
+    h = h ^ (h >> U64(33))
+    h = h * U64(0xC4CEB9FE1A85EC53)
+    return h ^ (h >> U64(33))
+
+
+@functools.cache
+def _bmp_word_chars() -> np.ndarray:
+    """(65536,) bool: which Basic-Multilingual-Plane code points `\\w` matches, by one `re.sub`
+    over all of them (in C) that turns word characters into code point 1 (itself no word char)."""
+    marked = re.sub(r"\w", "\x01", "".join(map(chr, range(65536))))
+    table = np.frombuffer(marked.encode("utf-32-le", "surrogatepass"), dtype=np.uint32) == 1
+    table[1] = False
+    return table
+
+
+def _is_word_char(cp: np.ndarray) -> np.ndarray:
+    out = _bmp_word_chars()[np.minimum(cp, 65535)]
+    high = cp > 65535  # emoji, rare scripts: look up only the distinct ones
+    if high.any():
+        uniq, inv = np.unique(cp[high], return_inverse=True)
+        out[high] = np.array([bool(_WORD.match(chr(c))) for c in uniq.tolist()], dtype=bool)[inv]
+    return out
+
+
+@functools.lru_cache(maxsize=2)
+def _powers(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """K^j and K^-j mod 2^64 for j < size (size a power of two, so a process computes few)."""
+    powers = np.full(size, _K, dtype=U64)
+    inverse = np.full(size, _K_INV, dtype=U64)
+    powers[0] = inverse[0] = 1
+    return np.cumprod(powers), np.cumprod(inverse)
+
+
+class _SpanHasher:
+    """Hash any span [s, e) of a code-point array in O(1) after one prefix sum.
+
+    hash(s, e) = fmix64(sum_{j<e-s} cp[s+j] * K^j + len * GOLD): prefix sums of cp[j] * K^j, shifted
+    to position 0 by K^-s (K odd, so invertible mod 2^64); all arithmetic wraps mod 2^64.
+    """
+
+    def __init__(self, cp: np.ndarray):
+        n = len(cp)
+        powers, self.inv = _powers(1 << n.bit_length())  # at least n+1 entries
+        self.prefix = np.zeros(n + 1, dtype=U64)  # (C+1,) sum_{j<i} cp[j] * K^j
+        np.cumsum(cp * powers[:n], out=self.prefix[1:])
+
+    def __call__(self, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+        raw = (self.prefix[e] - self.prefix[s]) * self.inv[s]
+        return fmix64(raw + (e - s).astype(U64) * GOLD)
+
+
+def _code_points(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """All texts' code points in one (C,) uint32 array, and each text's start (N+1,)."""
+    starts = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum([len(t) for t in texts], out=starts[1:])
+    cp = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)  # lone surrogates too
+    return cp, starts
+
+
+def text_hashes(texts: list[str]) -> np.ndarray:
+    """(N,) uint64 hash of each whole text: equal texts, equal hashes."""
+    cp, starts = _code_points(texts)
+    return _SpanHasher(cp)(starts[:-1], starts[1:])
+
+
+def _word_ngrams(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
+    folded = [t.casefold() for t in texts]
+    cp, starts = _code_points(folded)
+    span = _SpanHasher(cp)
+    word = _is_word_char(cp)
+    prev = np.concatenate(([False], word[:-1]))
+    nxt = np.concatenate((word[1:], [False]))
+    prev[starts[:-1][starts[:-1] < len(cp)]] = False  # a word never continues across texts
+    nxt[starts[1:][starts[1:] > 0] - 1] = False
+    w_start, w_end = np.flatnonzero(word & ~prev), np.flatnonzero(word & ~nxt) + 1
+    w_hash = span(w_start, w_end)  # (W,) one hash per word
+    w_first = np.searchsorted(w_start, starts)  # (N+1,) index of each text's first word
+    n_words = np.diff(w_first)
+    count = np.maximum(n_words - n + 1, 1)  # shingles per text
+    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(count, out=offsets[1:])
+    doc = np.repeat(np.arange(len(texts)), count)
+    first = w_first[:-1][doc] + np.arange(offsets[-1]) - offsets[:-1][doc]  # first word of each shingle
+    width = np.minimum(n_words, n)[doc]  # words per shingle (fewer for short texts)
+    h = np.zeros(len(doc), dtype=U64)
+    for k in range(n):
+        m = k < width
+        h[m] = fmix64(h[m] * GOLD + w_hash[first[m] + k])
+    empty = np.flatnonzero(n_words == 0)  # no word character: the whole normalized text
+    if len(empty):
+        h[offsets[empty]] = text_hashes([normalize_text(texts[i]) for i in empty])
+    return h, offsets
+
+
+def _char_ngrams(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
+    cp, starts = _code_points([normalize_text(t) for t in texts])  # per text in C: cheaper than numpy
+    lengths = np.diff(starts)
+    count = np.maximum(lengths - n + 1, 1)
+    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(count, out=offsets[1:])
+    doc = np.repeat(np.arange(len(texts)), count)
+    s = starts[:-1][doc] + np.arange(offsets[-1]) - offsets[:-1][doc]
+    return _SpanHasher(cp)(s, np.minimum(s + n, starts[1:][doc])), offsets
+
+
+def shingle_hashes(texts: list[str], unit: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """64-bit hashes of every shingle (S,) uint64 and per-text offsets (N+1,): text i owns
+    hashes[offsets[i]:offsets[i+1]] (at least one). Equal shingles (see `shingles`) hash equally."""
+    if not texts:
+        return np.zeros(0, dtype=U64), np.zeros(1, dtype=np.int64)
+    fn = _char_ngrams if unit == "char" else _word_ngrams
+    ends = np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)))
+    batch = (ends - 1) // _BATCH_CHARS  # texts that start in one window of code points hash together
+    bounds = [0, *(np.flatnonzero(np.diff(batch)) + 1).tolist(), len(texts)]
+    parts, offsets = [], [np.zeros(1, dtype=np.int64)]
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        h, off = fn(texts[s:e], n)
+        parts.append(h)
+        offsets.append(off[1:] + offsets[-1][-1])
+    return np.concatenate(parts), np.concatenate(offsets)
