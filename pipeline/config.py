@@ -355,7 +355,7 @@ def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
         prog=prog,
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="config options (set in YAML, or on the command line as section.key=value):"
+        epilog="config options (set in YAML, or on the command line as section.key=value):\n"
         + "\n".join(options_help()),
     )
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="experiment YAML (default: %(default)s)")
