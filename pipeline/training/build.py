@@ -132,7 +132,9 @@ def build_optimizer(model, t: TrainConfig, total_steps: int):
     """AdamW and its LambdaLR schedule (stepped by us once per optimizer step, never per process)."""
     import torch
 
-    opt = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr)
+    # fused: one kernel for all parameters (cpu/cuda); the per-tensor loop took ~2.4x longer per step on MiniLM
+    fused = next(model.parameters()).device.type in ("cpu", "cuda")
+    opt = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, fused=fused or None)
     warmup = math.ceil(t.warmup_ratio * total_steps)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, partial(lr_factor, total=total_steps, warmup=warmup, min_ratio=t.min_lr_ratio)

