@@ -155,18 +155,25 @@ def interrupted(base, tmp_path_factory):
         stopped_in = time.monotonic() - sent
     finally:
         stop(proc)
-    stopped = checkpoint.complete_checkpoints(run / "checkpoints")[-1]
+    stopped, last_logged = checkpoint.complete_checkpoints(run / "checkpoints")[-1], records(run)[-1]["step"]
     resumed = wait_all([launch_two_processes(cfg, "--resume", "auto", log="resumed")], timeout=300)[0]
-    return {"cfg": cfg, "k": k, "code": code, "stopped_in": stopped_in, "stopped": stopped, "resumed": resumed}
+    return {"cfg": cfg, "k": k, "code": code, "stopped_in": stopped_in, "stopped": stopped, "last_logged": last_logged,
+            "resumed": resumed}
 
 
 def test_sigterm_to_one_rank_stops_all_ranks_with_a_checkpoint(interrupted):
     r, log = interrupted, log_of(interrupted["cfg"], "first")
     assert r["code"] is not None and r["stopped_in"] < 60, f"no stop within 60 s of SIGTERM:\n{log[-3000:]}"
-    assert worker_exit_codes(log) == {0: 75, 1: 75}, log[-3000:]  # both ranks: 'interrupted, checkpoint saved'
+    codes = worker_exit_codes(log)
+    # the first rank to exit returns 75 ('interrupted, checkpoint saved'); torchrun then SIGTERMs the ones
+    # still tearing down, and a second SIGTERM is fatal by design (signals.py), so they may read -15
+    assert sorted(codes) == [0, 1] and 75 in codes.values() and set(codes.values()) <= {75, -15}, log[-3000:]
+    if -15 in codes.values():
+        assert "closing signal SIGTERM" in log  # it was the launcher's clean-up, after the save
     path, state = r["stopped"]
     assert state["step"] >= r["k"] and (path / "rng_state_0.json").is_file() and (path / "rng_state_1.json").is_file()
-    assert log.count("SIGTERM received") == 1  # only rank 1 was told; rank 0 stopped because it agreed
+    assert checkpoint.verify(path) is None and state["step"] == r["last_logged"]  # saved where both stopped
+    assert "SIGTERM received" in log and f"stopped at step {state['step']}" in log  # rank 0 agreed to stop
 
 
 def test_resume_under_two_processes_is_exact(interrupted, two_machines):
