@@ -61,13 +61,20 @@ def data_config_fingerprint(cfg: Config) -> str:
     """Fingerprint of every setting that shapes the prepared data (not the source bytes)."""
     tok = pretrained_tokenizer_name(cfg) if cfg.tokenize.kind == "pretrained" else ""
     return artifacts.fingerprint(
-        asdict(cfg.source), asdict(cfg.clean), asdict(cfg.dedup), asdict(cfg.split), asdict(cfg.label),
-        asdict(cfg.tokenize), tok,
+        _config_dicts((cfg.source, cfg.clean, cfg.dedup, cfg.split, cfg.label, cfg.tokenize)), tok
     )
 
 
+NOT_IN_FINGERPRINT = ("num_proc",)  # how a stage runs, not what it produces (same output, tested)
+
+
 def _config_dicts(values: tuple) -> list:
-    return [asdict(v) if hasattr(v, "__dataclass_fields__") else v for v in values]
+    """The config sections as dicts, less the fields that cannot change a stage's output."""
+    out = []
+    for v in values:
+        d = asdict(v) if hasattr(v, "__dataclass_fields__") else v
+        out.append({k: x for k, x in d.items() if k not in NOT_IN_FINGERPRINT} if isinstance(d, dict) else d)
+    return out
 
 
 def run(cfg: Config, force: bool = False, from_stage: str | None = None, progress: bool = True) -> list[dict]:

@@ -56,8 +56,7 @@ def _write(out: Path, metrics: dict, dataset: Any, logits: np.ndarray, docs: agg
 
 def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bool = True) -> dict | None:
     """Run the whole evaluation; the metrics dict on the main process, None on the others."""
-    from accelerate import Accelerator
-
+    from pipeline.accel import make_accelerator
     from pipeline.data.prepared import load_prepared
 
     prepared = load_prepared(cfg, config_path)
@@ -65,7 +64,7 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
     ckpt = model_io.resolve_checkpoint(cfg.run_dir, cfg.eval.checkpoint)
     model = model_io.load_classifier(ckpt, cfg.run_dir)
     model_io.check_labels(model, prepared.label_names, ckpt)
-    accelerator = Accelerator()
+    accelerator = make_accelerator()  # one gloo group when launched as several CPU processes
     start = time.perf_counter()
     logits = predict.predict_logits(model, dataset, cfg.eval.batch_size, accelerator, cfg.eval.bf16, progress)
     seconds = time.perf_counter() - start

@@ -90,7 +90,7 @@ def test_process_killed_during_a_stage_is_not_taken_as_complete(tmp_path):
     _write_corpus(tmp_path / "corpus.csv", n=20000)
     args = [sys.executable, str(ROOT / "pipeline" / "prepare.py"), "--config", str(ROOT / "configs" / "tiny.yaml"), "--quiet",
             f"output_dir={tmp_path / 'out'}", "source.package=", f"source.path={tmp_path / 'corpus.csv'}",
-            "source.encoding=utf-8", "source.max_rows=0", "label.names=[neg, pos]"]
+            "source.encoding=utf-8", "source.max_rows=0", "source.sample=1.0", "label.names=[neg, pos]"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     stages = cfg.data_dir / "stages"
     deadline = time.time() + 120
@@ -133,7 +133,7 @@ def test_prepare_does_not_import_torch(tmp_path):
 
 def _cfg_overrides(tmp_path):
     return [f"output_dir={tmp_path / 'out'}", "source.package=", f"source.path={tmp_path / 'corpus.csv'}",
-            "source.encoding=utf-8", "source.max_rows=0", "label.names=[neg, pos]", "tokenize.vocab_size=300",
+            "source.encoding=utf-8", "source.max_rows=0", "source.sample=1.0", "label.names=[neg, pos]", "tokenize.vocab_size=300",
             "tokenize.min_frequency=1"]
 
 
@@ -144,3 +144,9 @@ def test_cli_error_is_one_line(tmp_path):
     assert out.stderr.strip().splitlines() == [
         "error: unknown config key 'dedup.treshold'; did you mean 'dedup.threshold'?"
     ]
+
+
+def test_num_proc_does_not_invalidate_the_cache(tmp_path):
+    runner.run(_cfg(tmp_path), progress=False)
+    rows = runner.run(_cfg(tmp_path, "dedup.num_proc=2", "tokenize.num_proc=2"), progress=False)
+    assert all(r["cached"] for r in rows)
