@@ -71,6 +71,19 @@ def big_dataset(out: Path, rows: int) -> Path:
     return config
 
 
+def restamp(config: Path) -> None:
+    """Re-stamp prepared.json with the current data-config fingerprint: the bench built this data
+    itself, and the fingerprint code may change under a long benchmark in a shared checkout."""
+    from pipeline import artifacts
+    from pipeline.config import load_config
+    from pipeline.data.runner import PREPARED, data_config_fingerprint
+
+    cfg = load_config(config)
+    info = artifacts.read_json(cfg.data_dir / PREPARED)
+    info["config_fingerprint"] = data_config_fingerprint(cfg)
+    artifacts.write_json_atomic(cfg.data_dir / PREPARED, info)
+
+
 def moved_checkpoint(src: Path, dst: Path, batch: int) -> Path:
     """A copy of a real checkpoint whose position is `batch` steps into epoch 0 (manifest redone)."""
     from pipeline.artifacts import read_json, write_json_atomic
@@ -87,8 +100,10 @@ def moved_checkpoint(src: Path, dst: Path, batch: int) -> Path:
 
 
 def time_to_first_step(config: Path, ckpt: Path, step: int) -> float:
+    restamp(config)
     run = config.parent / "run"
     metrics = run / "metrics.jsonl"
+    metrics.unlink(missing_ok=True)  # records of an earlier repeat would read as this run's first step
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, str(REPO / "pipeline" / "train.py"), "--config", str(config), "--resume",
                              str(ckpt), f"train.max_steps={step + 3}", "train.save_every=0", "train.save_at_epoch_end=false"],
@@ -97,7 +112,7 @@ def time_to_first_step(config: Path, ckpt: Path, step: int) -> float:
         if metrics.is_file() and any(json.loads(x).get("step") == step + 1 for x in metrics.read_text().splitlines()
                                      if x.startswith("{")):
             elapsed = time.perf_counter() - start
-            proc.terminate()
+            proc.kill()  # not SIGTERM: that would save a checkpoint on the way out
             proc.wait()
             return elapsed
         time.sleep(0.02)
@@ -129,13 +144,15 @@ def resume_table(rows: int, repeats: int) -> str:
     tmp = Path(tempfile.mkdtemp(prefix="bench_resume_"))
     config = big_dataset(tmp / "big", rows)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    restamp(config)
     subprocess.run([sys.executable, str(REPO / "pipeline" / "train.py"), "--config", str(config), "train.max_steps=2"],
                    check=True, env=env, capture_output=True)
     root = tmp / "big" / "run" / "checkpoints"
     real = next(p for p in root.iterdir() if not p.name.startswith("."))
     per_epoch = rows // 32
-    early = moved_checkpoint(real, root / "early", 10)
-    late = moved_checkpoint(real, root / "late", per_epoch - 10)
+    (tmp / "ckpts").mkdir()  # outside the run's checkpoints/, out of rotation's reach
+    early = moved_checkpoint(real, tmp / "ckpts" / "early", 10)
+    late = moved_checkpoint(real, tmp / "ckpts" / "late", per_epoch - 10)
     times = {"early": [], "late": []}
     for _ in range(repeats):  # interleaved: the CPU is shared
         for name, ck, step in (("early", early, 10), ("late", late, per_epoch - 10)):

