@@ -219,6 +219,7 @@ def main() -> None:
     p.add_argument("--config")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--extra", action="append", default=[])
+    p.add_argument("--only", action="append", default=[], help="run only variants whose name starts with this (repeatable)")
     args = p.parse_args()
     if args.variant:
         return child(args)
@@ -238,6 +239,8 @@ def main() -> None:
         "ours max_len 256, batch 8, grad ckpt": ("ours", long, max(3, s // 4), w, 8,
                                                  ["train.group_by_length=false", "train.gradient_checkpointing=true"]),
     }
+    if args.only:
+        variants = {k: v for k, v in variants.items() if k == "matmul" or any(k.startswith(o) for o in args.only)}
     res: dict = {}
     for _ in range(args.rounds):  # interleaved rounds, best of each: the CPU is shared and drifts
         for name, (variant, config, steps, warm, batch, extra) in variants.items():

@@ -90,7 +90,7 @@ def atomic_dir(final: str | Path, replace: bool = False) -> Iterator[Path]:
             old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
             os.rename(final, old)
         os.rename(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_path(final.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
@@ -122,7 +122,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flush one file, or one directory's entries (so a rename in it survives a power cut)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

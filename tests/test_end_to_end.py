@@ -31,7 +31,7 @@ def test_prepare_train_evaluate(tmp_path):
     report = json.loads((tmp_path / "data" / "report.json").read_text())
     test_rows = sum(1 for _ in open(tmp_path / "run" / "eval" / "test-final" / "predictions.jsonl"))
     assert [r["stage"] for r in report] == ["load", "clean", "dedup", "split", "label", "tokenize"]
-    assert metrics["chunk"]["examples"] == test_rows > 0
+    assert metrics["step"] == 12 and metrics["chunk"]["examples"] == test_rows > 0
     assert 0.0 <= metrics["chunk"]["accuracy"] <= 1.0
     again = _run("prepare.py", "--quiet", *common)  # nothing changed: every stage cached
     assert again.stdout.count(" yes ") == 6

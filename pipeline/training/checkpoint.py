@@ -28,14 +28,6 @@ STATE = "state.json"
 WEIGHTS = "model.safetensors"
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_main_files(tmp: Path, weights: dict, optimizer, scheduler, scaler, state: dict) -> None:
     """The files only the main process writes (the model and optimizer are the same on every rank)."""
     from safetensors.torch import save_file
@@ -57,7 +49,7 @@ def finalize(tmp: Path, final: Path) -> None:
     """Flush every file, write the manifest (hashes read back from disk) last, rename into place."""
     files = {}
     for p in sorted(q for q in tmp.rglob("*") if q.is_file()):
-        _fsync_file(p)
+        artifacts.fsync_path(p)
         files[str(p.relative_to(tmp))] = {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
     write_json_atomic(tmp / MANIFEST, artifacts.manifest(kind="checkpoint", files=files))
     artifacts.fsync_tree(tmp)
@@ -66,7 +58,7 @@ def finalize(tmp: Path, final: Path) -> None:
         old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
         os.rename(final, old)
     os.rename(tmp, final)
-    artifacts._fsync_dir(final.parent)
+    artifacts.fsync_path(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -39,8 +39,8 @@ def train(cfg: Config, config_path: str = "<config>", resume: str | None = None)
     try:
         code = _run(s, stop)
     finally:
+        s.acc.end_training()  # flushes TensorBoard; a stop's second SIGTERM is ignored until restore
         stop.restore()
-        s.acc.end_training()
     return code
 
 
@@ -141,6 +141,7 @@ def _after_step(s: Setup, win: Window, epoch_end: bool, stop) -> int | None:
         _save(s, metrics)
     win.__init__()  # eval and save time is not training throughput
     if s.stop_requested:
+        stop.saved()
         if s.acc.is_main_process:
             checkpoint.warn(f"stopped at step {step} by {stop.signal_name or 'a signal on another process'}; "
                             f"checkpoint saved. Continue with --resume auto (exit code {signals.EXIT_INTERRUPTED})")
@@ -206,7 +207,8 @@ def _save(s: Setup, metrics: dict | None) -> Path:
 def _finish(s: Setup) -> int:
     """After the last step: the final export (a checkpoint of the last step exists already)."""
     if s.acc.is_main_process:
-        rundir.export_final(s.acc.unwrap_model(s.model), s.tok, s.run_dir / "final")
+        state = {"step": s.pos.step, "epoch": s.pos.epoch, "best": dict(s.best), "fingerprints": s.fingerprints}
+        rundir.export_final(s.acc.unwrap_model(s.model), s.tok, s.run_dir / "final", state)
         summary: dict[str, Any] = {"step": s.pos.step, "best": s.best, "final": str(s.run_dir / "final")}
         s.log.write({"step": s.pos.step, "event": "finished", **summary})
         print(f"finished at step {s.pos.step}; final model: {s.run_dir / 'final'}; best {s.best}", flush=True)

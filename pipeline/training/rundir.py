@@ -83,8 +83,12 @@ def export_model_config(model, tok, out: Path) -> None:
         tok.save_pretrained(str(tmp))
 
 
-def export_final(model, tok, out: Path) -> None:
-    """save_pretrained (safetensors) + tokenizer: loadable by transformers.pipeline('text-classification')."""
+def export_final(model, tok, out: Path, state: dict | None = None) -> None:
+    """save_pretrained (safetensors) + tokenizer: loadable by transformers.pipeline('text-classification').
+
+    `state` (step, epoch, data fingerprints) goes to state.json, so evaluation can say what it scored."""
     with artifacts.atomic_dir(out, replace=True) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tok.save_pretrained(str(tmp))
+        if state is not None:
+            artifacts.write_json_atomic(tmp / "state.json", state)

@@ -114,20 +114,18 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None) -> Setup | No
     """Check, build and (when resuming) restore. None: resumed after the last step, nothing to do."""
     import numpy as np
     import torch
-    from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs, set_seed
+
+    from pipeline.accel import make_accelerator
 
     t, run_dir = cfg.train, cfg.run_dir
     mp = build.choose_precision(t, torch.cuda.is_available())
     rundir.check_run_dir(run_dir, resume, config_path)
     prep = _load_data(cfg, config_path)
     tok = build.load_tokenizer(prep.tokenizer_dir, cfg.model.from_scratch)
-    # accelerate's torchrun launcher does not pass a config's `use_cpu` on: without a GPU its processes
-    # would each train alone (DistributedType.NO); cpu=True makes them one gloo group (MULTI_CPU)
-    cpu = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not getattr(torch, "accelerator", torch.cuda).is_available()
     timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=t.collective_timeout_s))  # gloo's default: 30 min
-    acc = Accelerator(mixed_precision=mp, gradient_accumulation_steps=t.grad_accum, log_with="tensorboard",
-                      project_dir=str(run_dir), cpu=cpu, kwargs_handlers=[timeout])
+    acc = make_accelerator(mixed_precision=mp, gradient_accumulation_steps=t.grad_accum, log_with="tensorboard",
+                           project_dir=str(run_dir), kwargs_handlers=[timeout])
     train_ds = prep.splits["train"]
     spe = batching.steps_per_epoch(len(train_ds), t.batch_size, acc.num_processes, t.grad_accum)
     if spe == 0:
@@ -154,7 +152,7 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None) -> Setup | No
         rundir.clear_for_fresh_start(run_dir)
     acc.wait_for_everyone()
     s = Setup(cfg=cfg, acc=acc, model=model, optimizer=optimizer, scheduler=scheduler, tok=tok, train_ds=train_ds,
-              val_ds=prep.splits["validation"], lengths=np.asarray(train_ds["length"], dtype=np.int64),
+              val_ds=prep.splits["validation"], lengths=np.asarray(train_ds["length"][:], dtype=np.int64),
               collate=batching.Collator(tok.pad_token_id, _pad_multiple(acc, t), cfg.tokenize.max_length),
               label_names=prep.label_names, run_dir=run_dir, total_steps=total, steps_per_epoch=spe,
               fingerprints=fps, log=rundir.MetricsLog(run_dir / "metrics.jsonl", acc.is_main_process,

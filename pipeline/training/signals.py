@@ -44,6 +44,11 @@ class StopFlag:
     def requested(self) -> bool:
         return bool(self.signal_name)
 
+    def saved(self) -> None:
+        """The stop checkpoint is on disk. A further SIGTERM (torchrun passes the stop on to the ranks
+        still shutting down) has nothing left to protect: ignore it so the exit stays clean (75)."""
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
     def restore(self) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
