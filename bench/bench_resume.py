@@ -27,6 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench_train import restamp  # noqa: E402 - same folder; re-stamps prepared.json of data a bench built itself
+
 
 def big_dataset(out: Path, rows: int) -> Path:
     """A prepared layout with `rows` random token sequences (5-60 tokens) and a tiny WordPiece tokenizer."""
@@ -69,19 +71,6 @@ def big_dataset(out: Path, rows: int) -> Path:
         "stage_dir": str(stage), "fingerprint": f"big-{rows}", "config_fingerprint": data_config_fingerprint(cfg),
         "label_names": ["a", "b", "c"]})
     return config
-
-
-def restamp(config: Path) -> None:
-    """Re-stamp prepared.json with the current data-config fingerprint: the bench built this data
-    itself, and the fingerprint code may change under a long benchmark in a shared checkout."""
-    from pipeline import artifacts
-    from pipeline.config import load_config
-    from pipeline.data.runner import PREPARED, data_config_fingerprint
-
-    cfg = load_config(config)
-    info = artifacts.read_json(cfg.data_dir / PREPARED)
-    info["config_fingerprint"] = data_config_fingerprint(cfg)
-    artifacts.write_json_atomic(cfg.data_dir / PREPARED, info)
 
 
 def moved_checkpoint(src: Path, dst: Path, batch: int) -> Path:

@@ -48,14 +48,6 @@ def tree_fingerprint(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def code_fingerprint(*modules: Any) -> str:
-    """Hash of the source of the modules implementing a stage: a code change invalidates its cache."""
-    h = hashlib.sha256()
-    for mod in modules:
-        h.update(Path(mod.__file__).read_bytes())
-    return h.hexdigest()[:16]
-
-
 def is_complete(path: str | Path) -> bool:
     return (Path(path) / MANIFEST).is_file()
 

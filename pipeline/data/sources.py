@@ -69,8 +69,8 @@ def fingerprint(cfg: SourceConfig) -> str:
         local = Path(cfg.path)
         content = artifacts.tree_fingerprint(local) if local.exists() else ""
         return artifacts.fingerprint("hub", cfg.path, cfg.hub_config, list(cfg.hub_splits), content)
-    # the readers' code is part of the identity: a parsing fix must not reuse rows parsed before it
-    return artifacts.fingerprint(artifacts.tree_fingerprint(resolve_path(cfg)), artifacts.code_fingerprint(readers))
+    # the readers' code is fingerprinted by the runner with the load stage (its module list)
+    return artifacts.tree_fingerprint(resolve_path(cfg))
 
 
 # ---------------------------------------------------------------- the stage

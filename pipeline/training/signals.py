@@ -12,8 +12,9 @@ from __future__ import annotations
 import signal
 import sys
 
+from pipeline.cli import EXIT_USAGE  # bad config or input, nothing was done
+
 EXIT_OK = 0  # finished (or nothing left to do)
-EXIT_USAGE = 2  # bad config or input, nothing was done (pipeline.cli)
 EXIT_NONFINITE = 65  # halted on a non-finite loss or gradient norm; the message names the last healthy checkpoint
 EXIT_INTERRUPTED = 75  # stopped by SIGTERM/SIGINT after saving a checkpoint: rerun with --resume auto
 
