@@ -34,6 +34,7 @@ acc = Accelerator()
 total = acc.reduce(torch.tensor([acc.process_index + 1.0]), "sum").item() if acc.num_processes > 1 else 1.0
 # one write(2) per line: both ranks share the log file, and print() may split text and newline
 os.write(1, f"PROBE {acc.distributed_type.value} {acc.num_processes} {acc.process_index} {acc.state.backend} {total:g}\\n".encode())
+acc.end_training()  # destroys the gloo group: one left for interpreter exit can abort the process (-6)
 """
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,21 +43,14 @@ def pad_batch(sequences: list[list[int]], pad_id: int, multiple: int = 8) -> dic
     return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
 
 
-def cpu_has_native_bf16() -> bool:
-    """True when the CPU has bf16 instructions (AVX512-BF16 or AMX); elsewhere torch emulates bf16 slowly."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text(errors="ignore")
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def autocast(device: Any, bf16: bool) -> contextlib.AbstractContextManager:
     """bf16 autocast on `device`, warning loudly where it will be slower than fp32."""
     import torch
 
     if not bf16:
         return contextlib.nullcontext()
+    from pipeline.accel import cpu_has_native_bf16
+
     if device.type == "cpu" and not cpu_has_native_bf16():
         print(
             "WARNING: eval.bf16 on a CPU without native bf16 (no avx512_bf16/amx_bf16): torch emulates it, "

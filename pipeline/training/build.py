@@ -11,6 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from pipeline import accel
 from pipeline.config import Config, ModelConfig, TrainConfig
 
 
@@ -142,16 +143,6 @@ def build_optimizer(model, t: TrainConfig, total_steps: int):
     return opt, sched
 
 
-def cpu_has_native_bf16() -> bool:
-    """True where the CPU computes bf16 natively (AVX512-BF16, AMX, or Arm BF16)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    flags = set(text.split())
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
-
-
 def choose_precision(t: TrainConfig, has_gpu: bool) -> str:
     """The mixed precision to run: the config's, else accelerate's (launch sets the env variable)."""
     mp = t.mixed_precision or os.environ.get("ACCELERATE_MIXED_PRECISION", "no") or "no"
@@ -160,7 +151,7 @@ def choose_precision(t: TrainConfig, has_gpu: bool) -> str:
             "mixed precision fp16 needs a GPU and none is visible; set train.mixed_precision=no "
             "(or bf16 on a CPU with native bf16), or fix mixed_precision in accelerate_config.yaml"
         )
-    if mp == "bf16" and not has_gpu and not cpu_has_native_bf16():
+    if mp == "bf16" and not has_gpu and not accel.cpu_has_native_bf16():
         cost = ("this CPU has no native bf16 (no AVX512-BF16/AMX): bf16 matmuls are emulated, "
                 "measured here at about 0.5 GFLOP/s against about 150 GFLOP/s in fp32 (15-300x slower)")
         if not t.allow_slow_bf16:

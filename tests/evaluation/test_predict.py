@@ -51,13 +51,16 @@ def test_batched_logits_equal_one_example_at_a_time_in_dataset_order(world):
     np.testing.assert_allclose(got, want, atol=1e-5)  # padding is masked; order restored
 
 
-def test_bf16_autocast_warns_on_a_cpu_without_native_bf16(capsys):
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_autocast_warns_only_on_a_cpu_without_native_bf16(native, monkeypatch, capsys):
     import torch
 
+    from pipeline import accel
+
+    monkeypatch.setattr(accel, "cpu_has_native_bf16", lambda: native)
     with predict.autocast(torch.device("cpu"), bf16=True):
         y = torch.ones(2, 2) @ torch.ones(2, 2)
     assert y.dtype == torch.bfloat16
-    if not predict.cpu_has_native_bf16():
-        assert "WARNING" in capsys.readouterr().err
+    assert ("WARNING: eval.bf16" in capsys.readouterr().err) is not native
     with predict.autocast(torch.device("cpu"), bf16=False):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from trainkit import run_dir
 
+from pipeline import accel
 from pipeline.config import load_config
 from pipeline.train import main
 from pipeline.training import build, signals
@@ -17,13 +18,16 @@ def test_fp16_without_gpu_and_slow_bf16_are_refused(monkeypatch, capsys):
     with pytest.raises(ValueError, match="fp16 needs a GPU"):
         build.choose_precision(t, has_gpu=False)
     assert build.choose_precision(t, has_gpu=True) == "fp16"
-    monkeypatch.setattr(build, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(accel, "cpu_has_native_bf16", lambda: False)  # an AVX2-only CPU: bf16 emulated
     bf16 = load_config(None, ["train.mixed_precision=bf16"]).train
     with pytest.raises(ValueError, match="allow_slow_bf16"):
         build.choose_precision(bf16, has_gpu=False)
     forced = load_config(None, ["train.mixed_precision=bf16", "train.allow_slow_bf16=true"]).train
     assert build.choose_precision(forced, has_gpu=False) == "bf16"
     assert "WARNING: bf16 forced" in capsys.readouterr().err
+    monkeypatch.setattr(accel, "cpu_has_native_bf16", lambda: True)  # AVX512-BF16/AMX/Arm BF16: allowed, silent
+    assert build.choose_precision(bf16, has_gpu=False) == "bf16"
+    assert capsys.readouterr().err == ""
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")  # what `accelerate launch` passes on
     with pytest.raises(ValueError, match="fp16 needs a GPU"):
         build.choose_precision(load_config(None).train, has_gpu=False)

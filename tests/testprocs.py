@@ -1,0 +1,45 @@
+"""No process a test starts outlives the test, whatever happened in it.
+
+Every test runs with a token of its own in the environment (conftest.py), which every process it
+starts inherits: launchers, the workers torchrun starts in sessions of their own, and workers that
+lost their launcher and were re-parented. At the end of the test, every process still carrying the
+token is killed. Reparenting and new sessions defeat a process-group or child-tree kill; an
+inherited environment variable survives both.
+"""
+
+from __future__ import annotations
+
+import os
+
+TOKEN_VAR = "PIPELINE_TEST_TOKEN"
+
+
+def carrying(token: str) -> list:
+    """psutil processes (other than this one) started under `token`."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        try:
+            if proc.environ().get(TOKEN_VAR) == token:
+                found.append(proc)
+        except (psutil.Error, OSError):  # exited meanwhile, a zombie, or not ours to read
+            continue
+    return found
+
+
+def reap(token: str) -> list[str]:
+    """SIGKILL every process started under `token`; what was killed, as 'pid cmdline' lines."""
+    import psutil
+
+    procs, killed = carrying(token), []
+    for proc in procs:
+        try:
+            killed.append(f"{proc.pid} {' '.join(proc.cmdline())[:200]}")
+            proc.kill()  # SIGKILL also ends a stopped (SIGSTOP) process
+        except psutil.Error:
+            continue
+    psutil.wait_procs(procs, timeout=10)
+    return killed
