@@ -20,7 +20,7 @@ from pipeline.training.setup import Setup, prepare_run
 
 @dataclass
 class Window:
-    """Sums since the last log line (this process)."""
+    """Sums over the optimizer steps since the last log record (this process)."""
 
     loss: float = 0.0
     steps: int = 0
@@ -28,6 +28,10 @@ class Window:
     slots: int = 0  # tokens including padding
     samples: int = 0
     start: float = field(default_factory=time.perf_counter)
+    paused: float = 0.0  # seconds spent evaluating and saving: not training throughput
+
+    def training_seconds(self) -> float:
+        return max(time.perf_counter() - self.start - self.paused, 1e-9)
 
 
 def train(cfg: Config, config_path: str = "<config>", resume: str | None = None) -> int:
@@ -133,13 +137,15 @@ def _after_step(s: Setup, win: Window, epoch_end: bool, stop) -> int | None:
     last = step >= s.total_steps
     if step % t.log_every == 0 or last:
         _log_train(s, win)
+        win.__init__()  # the next record covers the steps after this one
+    paused = time.perf_counter()
     metrics = None
     if (t.eval_every and step % t.eval_every == 0) or last:
         metrics = _evaluate(s)
     want_save = (t.save_every and step % t.save_every == 0) or (epoch_end and t.save_at_epoch_end)
     if want_save or last or s.stop_requested:
         _save(s, metrics)
-    win.__init__()  # eval and save time is not training throughput
+    win.paused += time.perf_counter() - paused
     if s.stop_requested:
         stop.saved()
         if s.acc.is_main_process:
@@ -150,22 +156,39 @@ def _after_step(s: Setup, win: Window, epoch_end: bool, stop) -> int | None:
 
 
 def _log_train(s: Setup, win: Window) -> None:
+    """One record for the window: mean loss over its steps and ranks, throughput of all ranks, and
+    with several processes each rank's own mean loss (a diverging rank shows up next to the others)."""
     import torch
 
     acc = s.acc
-    sums = torch.tensor([win.loss, win.steps, win.tokens, win.slots, win.samples], dtype=torch.float64, device=acc.device)
-    if acc.num_processes > 1:
-        sums = acc.reduce(sums, reduction="sum")
-    loss, steps, tokens, slots, samples = sums.tolist()
-    elapsed = max(time.perf_counter() - win.start, 1e-9)
+    mine = torch.tensor([win.loss, win.steps, win.tokens, win.slots, win.samples, win.training_seconds()],
+                        dtype=torch.float64, device=acc.device)
+    ranks = acc.gather(mine[None]).cpu() if acc.num_processes > 1 else mine[None]  # (processes, 6)
+    loss, steps, tokens, slots, samples, _ = ranks.sum(0).tolist()
+    elapsed = ranks[:, 5].max().item()  # the ranks run in lockstep: the slowest one's time
     record = {
         "step": s.pos.step, "epoch": s.pos.epoch, "loss": loss / max(steps, 1), "lr": s.last_lr,
         "grad_norm": s.last_norm, "tokens_per_s": tokens / elapsed, "samples_per_s": samples / elapsed,
-        "padding_fraction": 1 - tokens / max(slots, 1), "tokens": int(tokens), "seconds": elapsed,
-        "nonfinite_skipped": s.nan["skipped_total"],
+        "padding_fraction": 1 - tokens / max(slots, 1), "tokens": int(tokens), "steps": int(steps / len(ranks)),
+        "seconds": elapsed, "nonfinite_skipped": s.nan["skipped_total"],
     }
+    rank_losses = (ranks[:, 0] / ranks[:, 1].clamp(min=1)).tolist()
+    if len(rank_losses) > 1:
+        record.update({f"loss_rank_{r}": v for r, v in enumerate(rank_losses)})
+        _warn_diverging(s, rank_losses)
     s.log.write(record)
-    acc.log({f"train/{k}": v for k, v in record.items() if k not in ("step", "epoch", "tokens", "seconds")}, step=s.pos.step)
+    acc.log({f"train/{k}": v for k, v in record.items() if k not in ("step", "epoch", "tokens", "steps", "seconds")},
+            step=s.pos.step)
+
+
+def _warn_diverging(s: Setup, rank_losses: list[float]) -> None:
+    """A rank whose window loss is non-finite, or above twice the median rank's plus 0.5, is named: the
+    ranks see different rows, so their losses differ, but not by that much unless one has gone wrong."""
+    median = sorted(rank_losses)[(len(rank_losses) - 1) // 2]
+    odd = [r for r, v in enumerate(rank_losses) if not math.isfinite(v) or v > 2 * median + 0.5]
+    if odd and s.acc.is_main_process:
+        checkpoint.warn(f"step {s.pos.step}: the loss of rank(s) {odd} ({', '.join(f'{rank_losses[r]:.4g}' for r in odd)}) "
+                        f"leaves the other ranks' (median {median:.4g}); look at that rank's data or hardware")
 
 
 def _evaluate(s: Setup) -> dict:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from trainkit import LABELS, records, run_dir
+from trainkit import LABELS, clone_prepared, records, run_dir
 
 from pipeline.config import load_config
 from pipeline.training import build, checkpoint, signals
@@ -57,6 +57,31 @@ def test_tiny_model_learns_logs_rotates_and_exports(prepared, fresh_accelerate, 
     capsys.readouterr()
     assert train(cfg, str(config), resume="auto") == signals.EXIT_OK  # after the last step
     assert "nothing to do" in capsys.readouterr().out
+
+
+def test_a_log_record_covers_its_whole_window(prepared, fresh_accelerate, tmp_path):
+    """log_every=5: each record holds the mean loss and the summed tokens of its 5 steps (the same
+    run logged every step says what those are), not the last step's alone."""
+    import yaml
+    from accelerate.state import AcceleratorState, GradientState
+
+    every = prepared(train={"epochs": 1, "log_every": 1, "save_every": 0})
+    assert train(load_config(every), str(every)) == signals.EXIT_OK
+    steps = records(run_dir(every))
+    config = clone_prepared(every, tmp_path / "window")
+    tree = yaml.safe_load(config.read_text())
+    tree["train"].update(log_every=5, eval_every=5)  # evaluation inside the window is not throughput
+    config.write_text(yaml.safe_dump(tree))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    assert train(load_config(config), str(config)) == signals.EXIT_OK
+    logged = records(run_dir(config))
+    assert [r["step"] for r in logged] == [s["step"] for s in steps][4::5] and len(logged) >= 2
+    for i, r in enumerate(logged):
+        mine = steps[5 * i : 5 * i + 5]
+        assert r["steps"] == 5 and r["tokens"] == sum(s["tokens"] for s in mine)
+        assert r["loss"] == pytest.approx(sum(s["loss"] for s in mine) / 5, rel=1e-12)
+        assert r["samples_per_s"] * r["seconds"] == pytest.approx(5 * 8)  # 5 steps of batch 8
 
 
 def test_gpt2_from_scratch_with_bpe(prepared, fresh_accelerate):
