@@ -4,20 +4,25 @@ Stage k's directory is `<data_dir>/stages/<k>-<name>-<fingerprint>`, where the f
 the stage's config sections, the source of its code and the fingerprint of its input. A complete
 directory (manifest present) is reused without loading anything; the first stage whose directory
 is missing (or forced) and every stage after it run again.
+
+"The source of its code" is the stage function's module and every module inside `pipeline/` that it
+imports, directly or through others, at the top or inside a function (read from the source files'
+import statements, not from a list kept by hand), so editing any helper a stage uses reruns it.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
+import ast
 import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import pipeline
 from pipeline import artifacts
 from pipeline.config import Config, pretrained_tokenizer_name
+from pipeline.data import clean, dedup, encode, label, sources, split
 from pipeline.data.common import StageContext, StageResult, num_rows
 
 PREPARED = "prepared.json"
@@ -27,34 +32,66 @@ STAGE_NAMES = ("load", "clean", "dedup", "split", "label", "tokenize")
 @dataclass
 class Stage:
     name: str
-    run: Callable[[Any, StageContext], StageResult]
-    config: tuple  # the config sections (or values) this stage's output depends on
-    modules: tuple  # names of the modules under pipeline.data whose source defines this stage
+    fn: Callable[..., StageResult]  # the stage function; its module's import closure is its code
+    config: tuple  # the config sections (or values) this stage's output depends on, passed to fn in order
 
-
-def _call(module: str, function: str, *args: Any) -> StageResult:
-    """Import a stage module only when the stage runs: a fully cached prepare imports no datasets."""
-    return getattr(importlib.import_module(f"pipeline.data.{module}"), function)(*args)
+    def run(self, data: Any, ctx: StageContext) -> StageResult:
+        return self.fn(*(() if self.name == "load" else (data,)), *self.config, ctx)
 
 
 def stage_table(cfg: Config) -> list[Stage]:
     """The pipeline, in order. Reads like a table of contents."""
-    tok = (cfg.tokenize, pretrained_tokenizer_name(cfg) if cfg.tokenize.kind == "pretrained" else "")
+    tok_name = pretrained_tokenizer_name(cfg) if cfg.tokenize.kind == "pretrained" else ""
     return [
-        Stage("load", lambda _, ctx: _call("sources", "load", cfg.source, ctx), (cfg.source,), ("sources", "readers")),
-        Stage("clean", lambda d, ctx: _call("clean", "clean", d, cfg.clean, ctx), (cfg.clean,), ("clean",)),
-        Stage("dedup", lambda d, ctx: _call("dedup", "dedup", d, cfg.dedup, ctx), (cfg.dedup,), ("dedup", "minhash", "shingling")),
-        Stage("split", lambda d, ctx: _call("split", "split", d, cfg.split, cfg.dedup, ctx), (cfg.split, cfg.dedup),
-              ("split", "minhash", "shingling")),
-        Stage("label", lambda d, ctx: _call("label", "label", d, cfg.label, ctx), (cfg.label,), ("label",)),
-        Stage("tokenize", lambda d, ctx: _call("encode", "encode", d, cfg.tokenize, tok[1], ctx), tok, ("encode",)),
+        Stage("load", sources.load, (cfg.source,)),
+        Stage("clean", clean.clean, (cfg.clean,)),
+        Stage("dedup", dedup.dedup, (cfg.dedup,)),
+        Stage("split", split.split, (cfg.split, cfg.dedup)),  # the leakage check uses dedup's similarity settings
+        Stage("label", label.label, (cfg.label,)),
+        Stage("tokenize", encode.encode, (cfg.tokenize, tok_name)),
     ]
 
 
-def _code_fingerprint(modules: tuple) -> str:
-    """Hash of the stage modules' source files, read without importing them."""
-    paths = [importlib.util.find_spec(f"pipeline.data.{m}").origin for m in modules]
-    return artifacts.fingerprint([Path(p).read_bytes().decode("utf-8") for p in paths])
+PACKAGE_ROOT = Path(pipeline.__file__).parent
+
+
+def _module_file(name: str, root: Path) -> Path | None:
+    """The file of `pipeline.a.b` under `root`; None for a name that is not a module (an attribute)."""
+    base = root.joinpath(*name.split(".")[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported_names(path: Path) -> list[str]:
+    """Names of pipeline modules (or their attributes) that a file imports, anywhere in it."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return [n for n in names if n == "pipeline" or n.startswith("pipeline.")]
+
+
+def code_files(module: str, root: Path = PACKAGE_ROOT) -> list[Path]:
+    """`module`'s file and those of every pipeline module it imports, transitively, sorted."""
+    seen: dict[str, Path] = {}
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        path = _module_file(name, root) if name not in seen else None
+        if path is not None:
+            seen[name] = path
+            todo += _imported_names(path)
+    return sorted(seen.values())
+
+
+def code_fingerprint(fn: Callable, root: Path = PACKAGE_ROOT) -> str:
+    """Hash of the source of a stage function's module and everything inside pipeline/ it imports."""
+    files = code_files(fn.__module__, root)
+    return artifacts.fingerprint([(str(p.relative_to(root)), p.read_text(encoding="utf-8")) for p in files])
 
 
 def data_config_fingerprint(cfg: Config) -> str:
@@ -79,8 +116,6 @@ def _config_dicts(values: tuple) -> list:
 
 def run(cfg: Config, force: bool = False, from_stage: str | None = None, progress: bool = True) -> list[dict]:
     """Run (or reuse) every stage; return one report row per stage."""
-    from pipeline.data import sources
-
     if from_stage is not None and from_stage not in STAGE_NAMES:
         raise ValueError(f"--from {from_stage!r} is not a stage; stages: {', '.join(STAGE_NAMES)}")
     first_forced = 0 if force else (STAGE_NAMES.index(from_stage) if from_stage else len(STAGE_NAMES))
@@ -89,7 +124,7 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
     input_fp = sources.fingerprint(cfg.source)
     data, data_dir, rows, manifests = None, None, [], {}
     for k, stage in enumerate(stage_table(cfg)):
-        fp = artifacts.fingerprint(stage.name, _code_fingerprint(stage.modules), _config_dicts(stage.config), input_fp)
+        fp = artifacts.fingerprint(stage.name, code_fingerprint(stage.fn), _config_dicts(stage.config), input_fp)
         out = stages_root / f"{k}-{stage.name}-{fp}"
         if k >= first_forced and out.exists():
             shutil.rmtree(out)

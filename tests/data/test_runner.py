@@ -150,3 +150,32 @@ def test_num_proc_does_not_invalidate_the_cache(tmp_path):
     runner.run(_cfg(tmp_path), progress=False)
     rows = runner.run(_cfg(tmp_path, "dedup.num_proc=2", "tokenize.num_proc=2"), progress=False)
     assert all(r["cached"] for r in rows)
+
+
+@pytest.mark.parametrize("helper,dependent", [
+    ("data/shingling.py", {"dedup", "split"}),  # MinHash shingles: near-dedup and the leakage check
+    ("data/common.py", {"load", "clean", "dedup", "split", "label", "tokenize"}),  # unit_hash, StageContext
+    ("resolve.py", {"tokenize"}),  # which pretrained tokenizer a name means
+    ("data/readers.py", {"load"}),
+])
+def test_editing_a_helper_changes_exactly_the_stages_that_import_it(helper, dependent, tmp_path):
+    import shutil
+
+    copy = tmp_path / "pipeline"
+    shutil.copytree(runner.PACKAGE_ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    stages = runner.stage_table(load_config(None))
+    before = {s.name: runner.code_fingerprint(s.fn, copy) for s in stages}
+    assert before == {s.name: runner.code_fingerprint(s.fn) for s in stages}  # a copy hashes the same
+    with open(copy / helper, "a", encoding="utf-8") as f:
+        f.write("\n# an edit\n")
+    after = {s.name: runner.code_fingerprint(s.fn, copy) for s in stages}
+    assert {name for name in before if before[name] != after[name]} == dependent
+
+
+def test_a_rerun_after_editing_a_helper_redoes_the_stages_from_the_first_that_uses_it(tmp_path, monkeypatch):
+    runner.run(_cfg(tmp_path), progress=False)
+    real = runner.code_fingerprint
+    # split's code changes (as if split.py or a helper only it imports was edited)
+    monkeypatch.setattr(runner, "code_fingerprint", lambda fn, root=runner.PACKAGE_ROOT: real(fn, root) + ("x" if fn.__name__ == "split" else ""))
+    rows = runner.run(_cfg(tmp_path), progress=False)
+    assert [r["cached"] for r in rows] == [True, True, True, False, False, False]
