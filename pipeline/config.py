@@ -159,7 +159,7 @@ class TrainConfig:
 class EvalConfig:
     split: str = opt("test", "prepared split to evaluate")
     checkpoint: str = opt("final", "final, best, or a checkpoint directory")
-    batch_size: int = opt(64, "examples per forward pass")
+    batch_size: int = opt(64, "examples per forward pass (of validation during training too)")
     bf16: bool = opt(False, "run inference under bf16 autocast")
     snippet_chars: int = opt(160, "characters of text kept per row of predictions.jsonl")
 

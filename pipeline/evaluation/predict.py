@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.training.batching import pad, pad_multiple
+
 
 def plan_batches(lengths: list[int] | np.ndarray, batch_size: int) -> list[np.ndarray]:
     """Example indices in batches, longest first: similar lengths share a batch (little padding)."""
@@ -27,20 +29,6 @@ def plan_batches(lengths: list[int] | np.ndarray, batch_size: int) -> list[np.nd
 def shard(batches: list[np.ndarray], rank: int, world: int) -> list[np.ndarray]:
     """This process's batches: every world-th one, so the long and short batches spread evenly."""
     return batches[rank::world]
-
-
-def pad_batch(sequences: list[list[int]], pad_id: int, multiple: int = 8) -> dict[str, Any]:
-    """Right-pad token ids to the batch's longest (rounded up to `multiple`): (batch, seq) tensors."""
-    import torch
-
-    longest = max(len(s) for s in sequences)
-    width = -(-longest // multiple) * multiple if multiple > 1 else longest
-    ids = np.full((len(sequences), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(sequences), width), dtype=np.int64)
-    for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = seq
-        mask[row, : len(seq)] = 1
-    return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
 
 
 def autocast(device: Any, bf16: bool) -> contextlib.AbstractContextManager:
@@ -104,10 +92,11 @@ def predict_logits(
     mine = shard(batches, rank, world)
     model = model.to(accelerator.device).eval()
     pad_id, index, chunks = _pad_id(model), [], []
+    multiple = pad_multiple(accelerator.device.type, 8)
     bar = tqdm(total=sum(len(b) for b in mine), unit="ex", desc=f"predict[{rank}]", disable=not (progress and accelerator.is_main_process))
     with torch.inference_mode(), autocast(accelerator.device, bf16):
         for batch in mine:
-            inputs = {k: v.to(accelerator.device) for k, v in pad_batch([sequences[i] for i in batch], pad_id).items()}
+            inputs = {k: v.to(accelerator.device) for k, v in pad([sequences[i] for i in batch], pad_id, multiple).items()}
             chunks.append(model(**inputs).logits.float().cpu().numpy())  # (batch, num_labels)
             index.append(batch)
             bar.update(len(batch))

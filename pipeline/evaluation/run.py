@@ -30,9 +30,9 @@ def select_split(splits: Any, name: str, where: Path) -> Any:
 
 def _score(dataset: Any, logits: np.ndarray, label_names: list[str]) -> tuple[dict, dict, aggregate.Documents]:
     labels = np.asarray(dataset["label"][:], dtype=np.int64)
-    chunk = scores.classification_metrics(logits.argmax(axis=1), labels, label_names)
+    chunk = scores.logit_metrics(logits, labels, label_names)
     docs = aggregate.aggregate_documents(dataset["id"][:], logits, labels)
-    document = scores.classification_metrics(docs.logits.argmax(axis=1), docs.labels, label_names)
+    document = scores.logit_metrics(docs.logits, docs.labels, label_names)
     return chunk, document, docs
 
 

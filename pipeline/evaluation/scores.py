@@ -33,3 +33,19 @@ def classification_metrics(predictions: Any, references: Any, label_names: list[
         },
         "confusion_matrix": metrics.load("confusion_matrix").compute(**kw, labels=labels)["confusion_matrix"],
     }
+
+
+def cross_entropy(logits: np.ndarray, references: np.ndarray) -> float:
+    """Mean negative log-likelihood (nats) of the references under softmax(logits), (n, classes) -> float."""
+    if len(references) == 0:
+        return 0.0
+    z = logits.astype(np.float64)
+    z -= z.max(axis=1, keepdims=True)  # log-sum-exp without overflow
+    log_norm = np.log(np.exp(z).sum(axis=1))
+    return float(np.mean(log_norm - z[np.arange(len(references)), references]))
+
+
+def logit_metrics(logits: np.ndarray, references: Any, label_names: list[str]) -> dict:
+    """classification_metrics of the argmax prediction, and the cross-entropy loss of the logits."""
+    refs = np.asarray(references, dtype=np.int64)
+    return {"loss": cross_entropy(logits, refs), **classification_metrics(logits.argmax(axis=1), refs, label_names)}

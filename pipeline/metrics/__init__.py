@@ -2,7 +2,7 @@
 
 `evaluate.load("accuracy")` fetches the metric's script from the hub and fails offline;
 `evaluate.load(<local folder>)` does not. Each folder here holds one self-contained module
-(numpy only), named like the folder, as `evaluate.load` expects.
+(scikit-learn does the arithmetic), named like the folder, as `evaluate.load` expects.
 """
 
 from __future__ import annotations

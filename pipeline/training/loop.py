@@ -195,7 +195,7 @@ def _evaluate(s: Setup) -> dict:
     from pipeline.training.evaluation import evaluate
 
     t = s.cfg.train
-    m = evaluate(s.acc, s.model, s.val_ds, s.collate, t.batch_size * 2, len(s.label_names))
+    m = evaluate(s.acc, s.model, s.val_ds, s.cfg.eval.batch_size, s.label_names)  # evaluate.py's batches too
     value = m[t.metric_for_best]
     greater = t.metric_for_best != "loss"
     b = s.best

@@ -153,7 +153,8 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None) -> Setup | No
     acc.wait_for_everyone()
     s = Setup(cfg=cfg, acc=acc, model=model, optimizer=optimizer, scheduler=scheduler, tok=tok, train_ds=train_ds,
               val_ds=prep.splits["validation"], lengths=np.asarray(train_ds["length"][:], dtype=np.int64),
-              collate=batching.Collator(tok.pad_token_id, _pad_multiple(acc, t), cfg.tokenize.max_length),
+              collate=batching.Collator(tok.pad_token_id, batching.pad_multiple(acc.device.type, t.pad_to_multiple_of),
+                                               cfg.tokenize.max_length),
               label_names=prep.label_names, run_dir=run_dir, total_steps=total, steps_per_epoch=spe,
               fingerprints=fps, log=rundir.MetricsLog(run_dir / "metrics.jsonl", acc.is_main_process,
                                                       state["step"] if state else None))
@@ -163,11 +164,6 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None) -> Setup | No
         return _nothing_to_do(s, ckpt, state)
     _announce(s, ckpt, model, mp)
     return s
-
-
-def _pad_multiple(acc, t) -> int:
-    """Rounding padded lengths up helps GPU tensor cores; on a CPU it is only wasted work."""
-    return t.pad_to_multiple_of if acc.device.type == "cuda" else 0
 
 
 def _start_position(s: Setup, ckpt: Path | None, state: dict | None) -> None:

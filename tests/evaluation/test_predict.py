@@ -17,12 +17,15 @@ def test_shards_cover_every_index_exactly_once(n, batch, world):
     assert np.all(np.diff(lengths[flat]) <= 0)  # longest first: a batch pads to similar lengths
 
 
-def test_pad_batch_pads_right_to_a_multiple_and_masks_the_padding():
-    out = predict.pad_batch([[5, 6, 7], [8]], pad_id=0, multiple=4)
+def test_padding_is_right_to_a_multiple_masked_and_exact_on_a_cpu():
+    from pipeline.training.batching import pad, pad_multiple
+
+    out = pad([[5, 6, 7], [8]], pad_id=0, multiple=4)
     assert out["input_ids"].tolist() == [[5, 6, 7, 0], [8, 0, 0, 0]]
     assert out["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 0, 0, 0]]
-    assert predict.pad_batch([[1] * 9], pad_id=3, multiple=8)["input_ids"].shape == (1, 16)
-    assert predict.pad_batch([[1, 2]], pad_id=3, multiple=1)["input_ids"].shape == (1, 2)
+    assert pad([[1] * 9], pad_id=3, multiple=8)["input_ids"].shape == (1, 16)
+    assert pad([[1, 2]], pad_id=3, multiple=1)["input_ids"].shape == (1, 2)
+    assert (pad_multiple("cpu", 8), pad_multiple("cuda", 8)) == (0, 8)
 
 
 def test_place_refuses_missing_or_repeated_examples():

@@ -17,11 +17,14 @@ def test_named_report_by_hand_with_classes_never_predicted_or_absent():
     assert out["confusion_matrix"] == [[2, 0, 0, 0], [1, 1, 0, 0], [0, 2, 0, 0], [0, 0, 0, 0]]
 
 
-def test_macro_f1_and_accuracy_match_what_training_ranks_checkpoints_by():
-    from pipeline.training.evaluation import metrics_from_confusion
+def test_logit_metrics_add_the_cross_entropy_of_the_logits():
+    import torch
+
+    from pipeline.evaluation.scores import logit_metrics
 
     rng = np.random.default_rng(1)
-    refs, preds = rng.integers(0, 3, 200), rng.integers(0, 2, 200)  # class 2 never predicted, class 3 absent
-    ours = classification_metrics(preds, refs, NAMES)
-    theirs = metrics_from_confusion(np.asarray(ours["confusion_matrix"]), loss_sum=0.0)
-    assert ours["macro_f1"] == pytest.approx(theirs["macro_f1"]) and ours["accuracy"] == pytest.approx(theirs["accuracy"])
+    logits, refs = rng.normal(size=(50, 4)).astype(np.float32) * 5, rng.integers(0, 4, 50)
+    out = logit_metrics(logits, refs, NAMES)
+    want = torch.nn.functional.cross_entropy(torch.from_numpy(logits).double(), torch.from_numpy(refs)).item()
+    assert out["loss"] == pytest.approx(want, rel=1e-12)
+    assert out["accuracy"] == classification_metrics(logits.argmax(1), refs, NAMES)["accuracy"]

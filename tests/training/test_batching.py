@@ -67,4 +67,3 @@ def test_steps_per_epoch_drops_partial_windows():
     assert batching.steps_per_epoch(160, 8, 1, 2) == 10
     assert batching.steps_per_epoch(167, 8, 2, 3) == 3  # 10 global batches of 16 -> 3 windows of 3
     assert batching.steps_per_epoch(10, 8, 2, 1) == 0
-    assert [len(batching.shard_range(10, r, 3)) for r in range(3)] == [4, 3, 3]

@@ -59,6 +59,20 @@ def test_tiny_model_learns_logs_rotates_and_exports(prepared, fresh_accelerate, 
     assert "nothing to do" in capsys.readouterr().out
 
 
+def test_trainings_last_validation_equals_evaluate_on_the_validation_split(prepared, fresh_accelerate):
+    import dataclasses
+
+    from pipeline.evaluation.run import evaluate_checkpoint
+
+    config = prepared(train={"epochs": 1, "eval_every": 5, "save_every": 0})
+    cfg = load_config(config)
+    assert train(cfg, str(config)) == signals.EXIT_OK
+    last = records(run_dir(config), "eval")[-1]["eval"]
+    cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, split="validation", checkpoint="final"))
+    scored = evaluate_checkpoint(cfg, str(config), progress=False)["chunk"]
+    assert {k: scored[k] for k in last} == last  # same predict-and-score code, same batches: equal, not close
+
+
 def test_a_log_record_covers_its_whole_window(prepared, fresh_accelerate, tmp_path):
     """log_every=5: each record holds the mean loss and the summed tokens of its 5 steps (the same
     run logged every step says what those are), not the last step's alone."""

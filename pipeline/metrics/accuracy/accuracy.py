@@ -2,7 +2,7 @@
 
 import datasets
 import evaluate
-import numpy as np
+from sklearn.metrics import accuracy_score
 
 _DESCRIPTION = "Accuracy = correct predictions / all predictions, for single-label classification."
 _INPUTS = """
@@ -22,7 +22,6 @@ class Accuracy(evaluate.Metric):
         )
 
     def _compute(self, predictions, references):
-        predictions, references = np.asarray(predictions), np.asarray(references)
-        if predictions.size == 0:
+        if len(predictions) == 0:
             return {"accuracy": 0.0}
-        return {"accuracy": float((predictions == references).mean())}
+        return {"accuracy": float(accuracy_score(references, predictions))}

@@ -2,7 +2,7 @@
 
 import datasets
 import evaluate
-import numpy as np
+from sklearn.metrics import confusion_matrix
 
 _DESCRIPTION = "Counts of (true class, predicted class) pairs; rows are true classes, columns predicted ones."
 _INPUTS = """
@@ -24,9 +24,7 @@ class ConfusionMatrix(evaluate.Metric):
 
     def _compute(self, predictions, references, labels=None):
         labels = sorted(set(predictions) | set(references)) if labels is None else list(labels)
-        index = {label: i for i, label in enumerate(labels)}
-        cm = np.zeros((len(labels), len(labels)), dtype=np.int64)
-        for p, r in zip(predictions, references):
-            if p in index and r in index:
-                cm[index[r], index[p]] += 1
-        return {"confusion_matrix": cm.tolist()}
+        if not set(labels) & set(references):  # nothing to count (scikit-learn refuses this case)
+            return {"confusion_matrix": [[0] * len(labels) for _ in labels]}
+        # scikit-learn: rows true, columns predicted, pairs with an id outside `labels` not counted
+        return {"confusion_matrix": confusion_matrix(references, predictions, labels=labels).tolist()}
