@@ -151,6 +151,7 @@ class TrainConfig:
     log_every: int = opt(10, "log training metrics every N steps")
     nan_policy: str = opt("skip", "non-finite loss or gradient: skip the update, or halt", ("skip", "halt"))
     max_nan_in_a_row: int = opt(5, "halt after this many skipped updates in a row")
+    detect_anomaly: bool = opt(False, "torch autograd anomaly detection: names the operation that made a NaN (slow; debugging)")
     num_workers: int = opt(0, "DataLoader worker processes")
     collective_timeout_s: int = opt(600, "seconds a process waits for the others in a collective before failing (a dead or hung rank stops the run with an error instead of hanging it)")
 

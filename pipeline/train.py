@@ -21,17 +21,23 @@ from pipeline.config import config_from_args, make_parser  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser("train.py", __doc__)
-    parser.add_argument(
+    once = parser.add_mutually_exclusive_group()
+    once.add_argument(
         "--resume",
         metavar="auto|PATH",
         help="continue a run: 'auto' takes the newest intact checkpoint of the run (fresh start if none), "
         "PATH a given checkpoint folder",
     )
+    once.add_argument(
+        "--restart", action="store_true",
+        help="start over in a run folder that holds a run, finished or not: its files are moved to "
+        "<run>/set_aside/<time>/, never deleted",
+    )
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     from pipeline.training.loop import train
 
-    return train(cfg, args.config, args.resume)
+    return train(cfg, args.config, args.resume, args.restart)
 
 
 if __name__ == "__main__":

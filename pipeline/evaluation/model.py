@@ -1,23 +1,18 @@
 """Which weights to evaluate, and loading them as a classifier whose labels match the data.
 
-Run directory contract (written by training):
-  final/                     save_pretrained model (config.json + model.safetensors) and tokenizer
-  checkpoints/<name>/        model.safetensors (unwrapped state_dict) + state.json; complete iff manifest.json
-  model_config/              config.json the checkpoint weights load into (from_config)
+The run directory's layout belongs to pipeline/training/checkpoint.py (and rundir.py); this module
+asks them where things are. Whatever is loaded is first verified against its manifest (sizes and
+sha256), as resume does: a flipped byte is an error naming the file, never a score.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 from pipeline import artifacts
-
-WEIGHTS = "model.safetensors"
-
-
-def _is_final_dir(path: Path) -> bool:
-    return (path / "config.json").is_file() and (path / WEIGHTS).is_file()
+from pipeline.training import checkpoint
 
 
 def resolve_checkpoint(run_dir: str | Path, name: str) -> Path:
@@ -26,48 +21,45 @@ def resolve_checkpoint(run_dir: str | Path, name: str) -> Path:
     Training's resolver decides (it knows which checkpoint is best); a bare name is looked up
     under <run_dir>/checkpoints/ first so `--checkpoint step-200` works as well as the full path.
     """
-    from pipeline.training.checkpoint import resolve_checkpoint as training_resolve
-
     named = Path(run_dir) / "checkpoints" / name
     if name not in ("final", "best", "last") and "/" not in name and named.is_dir():
         name = str(named)
-    return Path(training_resolve(Path(run_dir), name))
+    return Path(checkpoint.resolve_checkpoint(Path(run_dir), name))
 
 
-def _model_config_dir(ckpt: Path, run_dir: Path) -> Path:
-    """model_config/ of the run the checkpoint belongs to (checkpoints/<name>/../../model_config)."""
-    for candidate in (ckpt.parent.parent / "model_config", run_dir / "model_config"):
-        if (candidate / "config.json").is_file():
-            return candidate
-    raise FileNotFoundError(
-        f"checkpoint {ckpt} has weights but no model_config/config.json beside its run "
-        f"({ckpt.parent.parent / 'model_config'}); cannot build the model to load them into"
-    )
+def _verified(ckpt: Path) -> None:
+    if checkpoint.is_final(ckpt) and not (ckpt / artifacts.MANIFEST).is_file():
+        print(f"warning: {ckpt} has no {artifacts.MANIFEST} (exported by an older version): loaded unverified",
+              file=sys.stderr)
+        return
+    reason = checkpoint.verify(ckpt, deep=True)
+    if reason:
+        raise ValueError(f"{ckpt} is not usable: {reason}; pick another checkpoint (--checkpoint best|last|NAME)")
 
 
 def load_classifier(ckpt: Path, run_dir: str | Path) -> Any:
     """A final/ directory (from_pretrained) or a complete checkpoint (from_config + its state_dict)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    if _is_final_dir(ckpt):
+    if (ckpt / "config.json").is_file() and not checkpoint.is_final(ckpt):
+        raise FileNotFoundError(f"{ckpt} has config.json but no {checkpoint.WEIGHTS}: the model was not (fully) "
+                                f"saved; train again or pick a checkpoint")
+    _verified(ckpt)
+    if checkpoint.is_final(ckpt):
         return AutoModelForSequenceClassification.from_pretrained(ckpt)
-    if (ckpt / "config.json").is_file():
-        raise FileNotFoundError(f"{ckpt} has config.json but no {WEIGHTS}: the model was not (fully) saved; "
-                                f"train again or pick a checkpoint")
-    if not artifacts.is_complete(ckpt):
-        raise FileNotFoundError(
-            f"checkpoint {ckpt} is incomplete (no {artifacts.MANIFEST}: its save was interrupted); "
-            f"pick another checkpoint"
-        )
-    if not (ckpt / WEIGHTS).is_file():
-        raise FileNotFoundError(f"checkpoint {ckpt} has no {WEIGHTS}")
     from safetensors.torch import load_file
 
-    model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(_model_config_dir(ckpt, Path(run_dir))))
-    result = model.load_state_dict(load_file(str(ckpt / WEIGHTS)), strict=False)
+    config_dir = checkpoint.model_config_dir(ckpt)
+    if not (config_dir / "config.json").is_file():  # a checkpoint copied out of its run: this run's
+        config_dir = Path(run_dir) / "model_config"
+    if not (config_dir / "config.json").is_file():
+        raise FileNotFoundError(f"checkpoint {ckpt} has weights but no {config_dir / 'config.json'} beside its run; "
+                                f"cannot build the model to load them into")
+    model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(config_dir))
+    result = model.load_state_dict(load_file(str(ckpt / checkpoint.WEIGHTS)), strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise ValueError(
-            f"{ckpt / WEIGHTS} does not fit the model in model_config/: missing {result.missing_keys[:5]}, "
+            f"{ckpt / checkpoint.WEIGHTS} does not fit the model in {config_dir}: missing {result.missing_keys[:5]}, "
             f"unexpected {result.unexpected_keys[:5]}"
         )
     return model

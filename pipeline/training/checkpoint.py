@@ -45,13 +45,18 @@ def write_main_files(tmp: Path, weights: dict, optimizer, scheduler, scaler, sta
     write_json_atomic(tmp / STATE, state)
 
 
+def write_manifest(folder: Path, kind: str) -> None:
+    """Flush every file of `folder`, then write manifest.json: each file's size and sha256 read back from disk."""
+    files = {}
+    for p in sorted(q for q in folder.rglob("*") if q.is_file() and q.name != MANIFEST):
+        artifacts.fsync_path(p)
+        files[str(p.relative_to(folder))] = {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+    write_json_atomic(folder / MANIFEST, artifacts.manifest(kind=kind, files=files))
+
+
 def finalize(tmp: Path, final: Path) -> None:
     """Flush every file, write the manifest (hashes read back from disk) last, rename into place."""
-    files = {}
-    for p in sorted(q for q in tmp.rglob("*") if q.is_file()):
-        artifacts.fsync_path(p)
-        files[str(p.relative_to(tmp))] = {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
-    write_json_atomic(tmp / MANIFEST, artifacts.manifest(kind="checkpoint", files=files))
+    write_manifest(tmp, kind="checkpoint")
     artifacts.fsync_tree(tmp)
     old = None
     if final.exists():  # a corrupt checkpoint of the same name, passed over by resume
@@ -107,7 +112,7 @@ def load_checkpoint(acc, path: Path, model, optimizer, scheduler) -> dict:
 
 
 def verify(path: Path, deep: bool = True) -> str | None:
-    """None when `path` is a complete, intact checkpoint; otherwise the reason it is not."""
+    """None when `path` is a complete, intact checkpoint (or final/ export); otherwise the reason it is not."""
     if not (path / MANIFEST).is_file():
         return "incomplete (no manifest.json)"
     try:
@@ -120,10 +125,16 @@ def verify(path: Path, deep: bool = True) -> str | None:
                 return f"{rel} has {p.stat().st_size} bytes, manifest says {info['bytes']}"
             if deep and file_sha256(p) != info["sha256"]:
                 return f"{rel} does not match its sha256 in the manifest"
-        read_json(path / STATE)
+        if (path / STATE).is_file() or not is_final(path):
+            read_json(path / STATE)
     except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
         return f"unreadable ({e})"
     return None
+
+
+def is_final(path: Path) -> bool:
+    """A save_pretrained export (final/): config.json and weights in the folder itself."""
+    return (path / "config.json").is_file() and (path / WEIGHTS).is_file()
 
 
 def complete_checkpoints(root: Path) -> list[tuple[Path, dict]]:
@@ -143,10 +154,16 @@ def complete_checkpoints(root: Path) -> list[tuple[Path, dict]]:
 def find_resume(root: Path) -> tuple[Path | None, list[str]]:
     """The newest intact checkpoint, and one warning per newer one passed over (naming it)."""
     warnings = []
-    if root.is_dir():
-        for p in sorted(root.iterdir()):
-            if p.is_dir() and not (p / MANIFEST).is_file():
-                warnings.append(f"skipping incomplete checkpoint {p} (no manifest.json: its save was interrupted)")
+    for p in sorted(root.iterdir()) if root.is_dir() else []:
+        if not p.is_dir() or p.name.startswith("."):
+            continue
+        if not (p / MANIFEST).is_file():
+            warnings.append(f"skipping incomplete checkpoint {p} (no manifest.json: its save was interrupted)")
+            continue
+        try:
+            read_json(p / STATE)
+        except (ValueError, FileNotFoundError) as e:
+            warnings.append(f"skipping corrupt checkpoint {p}: {STATE} unreadable ({e})")
     for path, _ in reversed(complete_checkpoints(root)):
         reason = verify(path, deep=True)
         if reason is None:
@@ -168,6 +185,9 @@ def rotate(root: Path, keep_last: int, keep_best: int) -> list[Path]:
     temporary folders. Called only after the newest checkpoint is complete; it is always kept."""
     done = complete_checkpoints(root)
     keep = {p for p, _ in done[-max(1, keep_last):]}
+    healthy = last_healthy(done)
+    if healthy is not None:  # saved during a run of skipped updates, the newest ones may all be unhealthy
+        keep.add(healthy)
     ranked = sorted(((v, s["step"], p) for p, s in done if (v := _rank_value(s)) is not None), reverse=True)
     keep |= {p for _, _, p in ranked[:keep_best]}
     removed = [p for p, _ in done if p not in keep]
@@ -175,6 +195,14 @@ def rotate(root: Path, keep_last: int, keep_best: int) -> list[Path]:
     for p in removed:
         shutil.rmtree(p, ignore_errors=True)
     return removed
+
+
+def last_healthy(done: list[tuple[Path, dict]]) -> Path | None:
+    """The newest checkpoint saved outside a streak of skipped non-finite updates."""
+    for path, state in reversed(done):
+        if not (state.get("nan") or {}).get("in_a_row"):
+            return path
+    return None
 
 
 def resolve_checkpoint(run_dir: str | Path, name: str) -> Path:
@@ -200,7 +228,7 @@ def resolve_checkpoint(run_dir: str | Path, name: str) -> Path:
     path = Path(name)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint {name!r} not found; use final, best, last or one of: {have}")
-    if (path / "config.json").is_file() and (path / WEIGHTS).is_file():
+    if is_final(path):
         return path
     reason = verify(path, deep=False)
     if reason:

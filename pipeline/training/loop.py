@@ -7,7 +7,9 @@ so resuming rebuilds it and starts at the saved micro-batch directly.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,14 +36,19 @@ class Window:
         return max(time.perf_counter() - self.start - self.paused, 1e-9)
 
 
-def train(cfg: Config, config_path: str = "<config>", resume: str | None = None) -> int:
+def train(cfg: Config, config_path: str = "<config>", resume: str | None = None, restart: bool = False) -> int:
     """Train (or resume) as the config says; returns the process exit code (see signals.EXIT_CODES)."""
-    s = prepare_run(cfg, config_path, resume)
+    s = prepare_run(cfg, config_path, resume, restart)
     if s is None:
         return signals.EXIT_OK
     stop = signals.StopFlag()
     try:
         code = _run(s, stop)
+    except RuntimeError as e:
+        if not (cfg.train.detect_anomaly and "returned nan" in str(e).lower()):
+            raise
+        print(f"anomaly detection (train.detect_anomaly) at step {s.pos.step + 1}: {e}", file=sys.stderr, flush=True)
+        code = signals.EXIT_NONFINITE
     finally:
         s.acc.end_training()  # flushes TensorBoard; a stop's second SIGTERM is ignored until restore
         stop.restore()
@@ -56,13 +63,15 @@ def _run(s: Setup, stop: signals.StopFlag) -> int:
     per_epoch = s.steps_per_epoch * t.grad_accum  # micro-batches per rank per epoch
     bar = tqdm(total=s.total_steps, initial=pos.step, disable=not acc.is_main_process, desc="train", mininterval=1)
     win, loss_acc = Window(), torch.zeros((), device=acc.device)
+    # raises in the backward of the first operation whose gradient is NaN, naming it (RuntimeError below)
+    anomaly_mode = torch.autograd.detect_anomaly(check_nan=True) if t.detect_anomaly else contextlib.nullcontext()
     s.model.train()
     while pos.step < s.total_steps:
         order = batching.epoch_order(s.lengths, t.seed, pos.epoch, t.batch_size * acc.num_processes, t.group_by_length)
         sampler = batching.RankBatches(order, acc.process_index, t.batch_size, pos.batch_in_epoch, per_epoch)
         for batch in batching.make_loader(s.train_ds, sampler, s.collate, t.num_workers):
             batch = {k: v.to(acc.device) for k, v in batch.items()}
-            with acc.accumulate(s.model):
+            with acc.accumulate(s.model), anomaly_mode:
                 loss = s.model(**batch).loss  # mean over this micro-batch
                 acc.backward(loss)
             loss_acc += loss.detach() / t.grad_accum
@@ -116,19 +125,27 @@ def _optimizer_step(s: Setup, loss_acc, win: Window, stop) -> int | None:
 
 def _nonfinite(s: Setup, loss: float, norm: float) -> int | None:
     t = s.cfg.train
-    done = checkpoint.complete_checkpoints(s.ckpt_root)
-    where = f"last healthy checkpoint: {done[-1][0]}" if done else "no checkpoint saved yet"
     msg = f"step {s.pos.step}: non-finite loss {loss} or gradient norm {norm}"
     s.log.write({"step": s.pos.step, "event": "nonfinite", "loss": str(loss), "grad_norm": str(norm),
                  "skipped_total": s.nan["skipped_total"], "in_a_row": s.nan["in_a_row"]})
     if t.nan_policy == "halt" or s.nan["in_a_row"] >= t.max_nan_in_a_row:
         why = "nan_policy=halt" if t.nan_policy == "halt" else f"{s.nan['in_a_row']} in a row (train.max_nan_in_a_row)"
         if s.acc.is_main_process:
-            checkpoint.warn(f"{msg}; halting ({why}). {where}")
+            checkpoint.warn(f"{msg}; halting ({why}). {_replay_hint(s)}")
         return signals.EXIT_NONFINITE
     if s.acc.is_main_process:
         checkpoint.warn(f"{msg}; update skipped ({s.nan['in_a_row']} in a row, {s.nan['skipped_total']} in total)")
     return None
+
+
+def _replay_hint(s: Setup) -> str:
+    """Where the last healthy state is, and the command that replays the failing steps from it with
+    autograd's anomaly detection, which names the operation that produced the first NaN/inf."""
+    healthy = checkpoint.last_healthy(checkpoint.complete_checkpoints(s.ckpt_root))
+    start = f"--resume {healthy}" if healthy else "--restart"
+    where = f"last healthy checkpoint: {healthy}" if healthy else "no healthy checkpoint saved yet"
+    return (f"{where}. To find the operation that produced it, replay with anomaly detection (slow, for debugging): "
+            f"python pipeline/train.py --config {s.config_path} {start} train.detect_anomaly=true")
 
 
 def _after_step(s: Setup, win: Window, epoch_end: bool, stop) -> int | None:

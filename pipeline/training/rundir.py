@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,16 +33,38 @@ def check_run_dir(run_dir: Path, resume: str | None, config_path: str) -> None:
         raise FileExistsError(
             f"{run_dir} already holds a training run (checkpoints: {', '.join(have) or 'none'}); "
             f"continue it with `python pipeline/train.py --config {config_path} --resume auto`, "
-            f"or set output_dir to a new folder (or delete {run_dir})"
+            f"start over with --restart (its files are moved to {run_dir / SET_ASIDE}/), or set output_dir to a new folder"
         )
 
 
-def clear_for_fresh_start(run_dir: Path) -> None:
-    """`--resume auto` with no usable checkpoint starts over: remove what the earlier attempt left."""
-    for name in RUN_FILES:
-        (run_dir / name).unlink(missing_ok=True)
-    for name in ("tensorboard", "checkpoints", "final", "model_config"):
-        shutil.rmtree(run_dir / name, ignore_errors=True)
+RUN_DIRS = ("tensorboard", "checkpoints", "final", "model_config", "eval")
+SET_ASIDE = "set_aside"  # <run>/set_aside/<time>/: earlier attempts moved out of the way, never deleted
+
+
+def check_fresh_start(run_dir: Path, config_path: str) -> None:
+    """`--resume auto` found no intact checkpoint. A finished model is never replaced unless asked."""
+    final = run_dir / "final"
+    if (final / "config.json").is_file():
+        raise FileExistsError(
+            f"--resume auto: {run_dir} holds a finished model ({final}) but no intact checkpoint to continue from; "
+            f"evaluate it with `python pipeline/evaluate.py --config {config_path}`, train anew in another "
+            f"output_dir, or rerun with --restart instead of --resume to set this run aside "
+            f"(moved to {run_dir / SET_ASIDE}/) and start over")
+
+
+def set_aside(run_dir: Path) -> Path | None:
+    """Move what an earlier attempt left (history, checkpoints, exports) to set_aside/<time>/; nothing is deleted."""
+    present = [run_dir / n for n in (*RUN_FILES, *RUN_DIRS) if (run_dir / n).exists()]
+    if not present:
+        return None
+    dest = run_dir / SET_ASIDE / time.strftime("%Y%m%d-%H%M%S")
+    while dest.exists():
+        dest = dest.with_name(dest.name + "-1")
+    dest.mkdir(parents=True)
+    for p in present:
+        os.rename(p, dest / p.name)
+    artifacts.fsync_path(run_dir)
+    return dest
 
 
 def record_launch(cfg: Config, run_dir: Path, info: dict) -> None:
@@ -59,13 +81,13 @@ def record_launch(cfg: Config, run_dir: Path, info: dict) -> None:
 
 class MetricsLog:
     """metrics.jsonl on the main process; a resume first drops records after the resumed step (they
-    belong to the stretch that is being redone), so the file reads like one uninterrupted run."""
+    belong to the stretch that is being redone), so the file reads like one uninterrupted run. A last
+    line torn by a crash mid-write is dropped with a warning; any other unreadable line is kept as is."""
 
     def __init__(self, path: Path, enabled: bool, resume_step: int | None):
         self.path, self.enabled = path, enabled
         if enabled and resume_step is not None and path.is_file():
-            kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            kept = _records_up_to(path, resume_step)
             tmp = path.with_suffix(".tmp")
             tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
             tmp.replace(path)
@@ -74,6 +96,27 @@ class MetricsLog:
         if self.enabled:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
+
+
+def _records_up_to(path: Path, step: int) -> list[str]:
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    kept = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                print(f"warning: {path}:{number}: dropped a torn last line (a write cut short): {line[:60]!r}",
+                      file=sys.stderr, flush=True)
+            else:
+                print(f"warning: {path}:{number}: kept a line that is not JSON: {line[:60]!r}", file=sys.stderr, flush=True)
+                kept.append(line)
+            continue
+        if not isinstance(record, dict) or record.get("step", 0) <= step:
+            kept.append(line)
+    return kept
 
 
 def export_model_config(model, tok, out: Path) -> None:
@@ -92,3 +135,4 @@ def export_final(model, tok, out: Path, state: dict | None = None) -> None:
         tok.save_pretrained(str(tmp))
         if state is not None:
             artifacts.write_json_atomic(tmp / "state.json", state)
+        checkpoint.write_manifest(tmp, kind="final")  # evaluation verifies what it loads against it

@@ -15,7 +15,7 @@ from pipeline.training import batching, build, checkpoint, rundir
 # train settings that do not change the sequence of updates: free to change on resume
 FREE_ON_RESUME = {"epochs", "max_steps", "eval_every", "save_every", "save_at_epoch_end", "keep_last", "keep_best",
                   "log_every", "metric_for_best", "nan_policy", "max_nan_in_a_row", "num_workers", "allow_slow_bf16",
-                  "collective_timeout_s"}
+                  "collective_timeout_s", "detect_anomaly"}
 
 
 @dataclass
@@ -43,6 +43,7 @@ class Setup:
     steps_per_epoch: int
     fingerprints: dict
     log: rundir.MetricsLog
+    config_path: str
     pos: Position = field(default_factory=Position)
     best: dict = field(default_factory=dict)
     nan: dict = field(default_factory=lambda: {"skipped_total": 0, "in_a_row": 0})
@@ -80,7 +81,7 @@ def check_resumable(state: dict, fps: dict, world: int, path: Path) -> None:
         raise ValueError(f"{path}: these settings differ from the checkpoint's and would change the run: {diffs}")
 
 
-def _resolve_resume(acc, run_dir: Path, resume: str | None) -> Path | None:
+def _resolve_resume(acc, run_dir: Path, resume: str | None, config_path: str) -> Path | None:
     root = run_dir / "checkpoints"
     if resume is None:
         return None
@@ -93,7 +94,9 @@ def _resolve_resume(acc, run_dir: Path, resume: str | None) -> Path | None:
     if acc.is_main_process:
         for w in warnings:
             checkpoint.warn(w)
-        if path is None:
+    if path is None:
+        rundir.check_fresh_start(run_dir, config_path)
+        if acc.is_main_process:
             print(f"--resume auto: no complete checkpoint in {root}; starting fresh", flush=True)
     return path
 
@@ -110,7 +113,7 @@ def _load_data(cfg: Config, config_path: str):
     return prep
 
 
-def prepare_run(cfg: Config, config_path: str, resume: str | None) -> Setup | None:
+def prepare_run(cfg: Config, config_path: str, resume: str | None, restart: bool = False) -> Setup | None:
     """Check, build and (when resuming) restore. None: resumed after the last step, nothing to do."""
     import numpy as np
     import torch
@@ -120,7 +123,8 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None) -> Setup | No
 
     t, run_dir = cfg.train, cfg.run_dir
     mp = build.choose_precision(t, torch.cuda.is_available())
-    rundir.check_run_dir(run_dir, resume, config_path)
+    if not restart:
+        rundir.check_run_dir(run_dir, resume, config_path)
     prep = _load_data(cfg, config_path)
     tok = build.load_tokenizer(prep.tokenizer_dir, cfg.model.from_scratch)
     timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=t.collective_timeout_s))  # gloo's default: 30 min
@@ -135,7 +139,7 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None) -> Setup | No
                          f"rows: zero steps per epoch; lower train.batch_size or train.grad_accum")
     total = t.max_steps or t.epochs * spe
     fps = _fingerprints(cfg, prep.fingerprint, mp)
-    ckpt = _resolve_resume(acc, run_dir, resume)
+    ckpt = None if restart else _resolve_resume(acc, run_dir, resume, config_path)
     state = artifacts.read_json(ckpt / checkpoint.STATE) if ckpt else None
     if state:
         check_resumable(state, fps, acc.num_processes, ckpt)
@@ -149,14 +153,16 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None) -> Setup | No
     optimizer, scheduler = build.build_optimizer(model, t, total)
     model, optimizer = acc.prepare(model, optimizer)  # the scheduler stays ours: stepped once per step
     if ckpt is None and acc.is_main_process and rundir.holds_run(run_dir):
-        rundir.clear_for_fresh_start(run_dir)
+        moved = rundir.set_aside(run_dir)
+        if moved:
+            print(f"the earlier attempt's files were moved to {moved} (nothing was deleted)", flush=True)
     acc.wait_for_everyone()
     s = Setup(cfg=cfg, acc=acc, model=model, optimizer=optimizer, scheduler=scheduler, tok=tok, train_ds=train_ds,
               val_ds=prep.splits["validation"], lengths=np.asarray(train_ds["length"][:], dtype=np.int64),
               collate=batching.Collator(tok.pad_token_id, batching.pad_multiple(acc.device.type, t.pad_to_multiple_of),
                                                cfg.tokenize.max_length),
               label_names=prep.label_names, run_dir=run_dir, total_steps=total, steps_per_epoch=spe,
-              fingerprints=fps, log=rundir.MetricsLog(run_dir / "metrics.jsonl", acc.is_main_process,
+              fingerprints=fps, config_path=config_path, log=rundir.MetricsLog(run_dir / "metrics.jsonl", acc.is_main_process,
                                                       state["step"] if state else None))
     s.best = {"metric": t.metric_for_best, "greater_is_better": t.metric_for_best != "loss", "value": None, "step": None}
     _start_position(s, ckpt, state)

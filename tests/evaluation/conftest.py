@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import artifacts
+from pipeline.training import checkpoint, rundir
 from pipeline.config import Config, load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,8 +99,7 @@ def write_checkpoint(run_dir: Path, name: str, model, step: int, macro_f1: float
     state = {"step": step, "epoch": 0, "batch_in_epoch": step, "best": {"metric": "macro_f1", "greater_is_better": True},
              "metrics": {"macro_f1": macro_f1}, "fingerprints": {"data": data_fp}}
     artifacts.write_json_atomic(ckpt / "state.json", state)
-    files = {p.name: {"bytes": p.stat().st_size, "sha256": artifacts.file_sha256(p)} for p in sorted(ckpt.iterdir())}
-    artifacts.write_json_atomic(ckpt / artifacts.MANIFEST, artifacts.manifest(kind="checkpoint", files=files))  # last
+    checkpoint.write_manifest(ckpt, kind="checkpoint")  # last
     return ckpt
 
 
@@ -119,8 +119,7 @@ def build_world(root: Path, data_labels=LABELS, model_labels=LABELS) -> World:
         "label_names": list(data_labels),
     })
     model = _model(len(tokenizer), list(model_labels))
-    model.save_pretrained(cfg.run_dir / "final")
-    tokenizer.save_pretrained(cfg.run_dir / "final")
+    rundir.export_final(model, tokenizer, cfg.run_dir / "final")  # as training exports it, manifest included
     model.config.save_pretrained(cfg.run_dir / "model_config")
     write_checkpoint(cfg.run_dir, "step-4", _model(len(tokenizer), list(model_labels), seed=1), step=4, macro_f1=0.6, data_fp="test")
     write_checkpoint(cfg.run_dir, "step-8", _model(len(tokenizer), list(model_labels), seed=2), step=8, macro_f1=0.4, data_fp="other-data")

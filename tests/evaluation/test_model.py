@@ -42,7 +42,19 @@ def test_incomplete_checkpoint_is_refused(world):
     (ckpt / "manifest.json").unlink()  # what a save killed half-way leaves
     with pytest.raises(ValueError, match="incomplete"):
         model_io.resolve_checkpoint(world.run_dir, "step-8")
-    with pytest.raises(FileNotFoundError, match="incomplete"):
+    with pytest.raises(ValueError, match="incomplete"):
+        model_io.load_classifier(ckpt, world.run_dir)
+
+
+@pytest.mark.parametrize("name", ["final", "step-4"])
+@pytest.mark.parametrize("where", ["tensor data", "header"])
+def test_a_flipped_byte_is_refused_naming_the_file_never_scored(world, name, where):
+    ckpt = model_io.resolve_checkpoint(world.run_dir, name)
+    weights = ckpt / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) - 5 if where == "tensor data" else 12] ^= 0x01
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="model.safetensors does not match its sha256"):
         model_io.load_classifier(ckpt, world.run_dir)
 
 

@@ -140,12 +140,27 @@ def test_nan_skip_drops_the_update_and_continues(prepared, fresh_accelerate, mon
     assert [r["nonfinite_skipped"] for r in records(run_dir(config))][-1] == 1
 
 
-def test_nan_skip_halts_after_k_in_a_row(prepared, fresh_accelerate, monkeypatch, capsys):
+def test_nan_skip_halts_after_k_in_a_row_and_the_replay_names_the_operation(prepared, fresh_accelerate, monkeypatch, capsys):
     _poison_classifier(monkeypatch, None, from_call=4)
-    config = prepared(train={"epochs": 1, "nan_policy": "skip", "max_nan_in_a_row": 3, "save_every": 2})
+    config = prepared(train={"epochs": 1, "nan_policy": "skip", "max_nan_in_a_row": 3, "save_every": 2, "keep_last": 1,
+                             "keep_best": 0})
     assert train(load_config(config), str(config)) == signals.EXIT_NONFINITE
     err = capsys.readouterr().err
-    assert "3 in a row" in err and "last healthy checkpoint" in err and "step-0000004" in err  # skipped updates leave it healthy
+    healthy = run_dir(config) / "checkpoints" / "step-0000002"  # steps 4-6 skipped: 4 and 6 saved mid-streak
+    assert "3 in a row" in err and f"last healthy checkpoint: {healthy}" in err
+    assert healthy.is_dir()  # keep_last=1 rotated step-4 away, never the last healthy one
+    replay = f"--resume {healthy} train.detect_anomaly=true"
+    assert replay in err
+
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    cfg = load_config(config, ["train.detect_anomaly=true"])  # the head still outputs NaN: the replay meets it at once
+    assert train(cfg, str(config), resume=str(healthy)) == signals.EXIT_NONFINITE
+    err = capsys.readouterr().err
+    # the NaN logits enter cross-entropy first: its backward is the first to return NaN
+    assert "anomaly detection (train.detect_anomaly) at step 3: Function 'LogSoftmaxBackward0' returned nan" in err
 
 
 def test_nan_halt_names_last_healthy_checkpoint(prepared, fresh_accelerate, monkeypatch, capsys):

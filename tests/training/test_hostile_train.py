@@ -1,0 +1,76 @@
+"""Hostile cases against train.py: nothing a user made is deleted without --restart, logs and
+checkpoints torn by a crash are named and passed over, never a traceback."""
+
+from __future__ import annotations
+
+import shutil
+
+from trainkit import records, run_dir, run_train
+
+from pipeline.config import load_config
+from pipeline.training import signals
+from pipeline.training.loop import train
+
+
+def _finished(prepared):
+    config = prepared(train={"epochs": 1, "save_every": 10})
+    assert train(load_config(config), str(config)) == signals.EXIT_OK
+    return config, run_dir(config)
+
+
+def test_resume_auto_never_wipes_a_finished_model(prepared, fresh_accelerate):
+    config, run = _finished(prepared)
+    shutil.rmtree(run / "checkpoints")  # every checkpoint gone (or corrupt): nothing to resume
+    history = (run / "metrics.jsonl").read_text()
+    out = run_train(config, "--resume", "auto")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --resume auto:") and f"{run / 'final'}" in lines[0]
+    assert "--restart" in lines[0]
+    assert (run / "final" / "model.safetensors").is_file() and (run / "metrics.jsonl").read_text() == history
+
+
+def test_restart_sets_the_old_run_aside_and_trains_anew(prepared, fresh_accelerate):
+    from accelerate.state import AcceleratorState, GradientState
+
+    config, run = _finished(prepared)
+    old_weights = (run / "final" / "model.safetensors").read_bytes()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    assert train(load_config(config), str(config), restart=True) == signals.EXIT_OK
+    (aside,) = (run / "set_aside").iterdir()
+    assert (aside / "final" / "model.safetensors").read_bytes() == old_weights  # moved, not deleted
+    assert {"metrics.jsonl", "run_info.json", "checkpoints", "tensorboard"} <= {p.name for p in aside.iterdir()}
+    assert (run / "final" / "model.safetensors").is_file() and records(run)[0]["step"] == 1
+
+
+def test_a_torn_last_metrics_line_is_dropped_with_a_warning(prepared, fresh_accelerate, capsys):
+    config = prepared(train={"epochs": 2, "save_every": 10})
+    cfg = load_config(config, ["train.max_steps=10"])
+    assert train(cfg, str(config)) == signals.EXIT_OK
+    run = run_dir(config)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 21, "lo')  # a power cut mid-write
+    n_lines = len((run / "metrics.jsonl").read_text().splitlines())
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    capsys.readouterr()
+    assert train(load_config(config, ["train.max_steps=20"]), str(config), resume="auto") == signals.EXIT_OK
+    err = capsys.readouterr().err
+    assert f"{run / 'metrics.jsonl'}:{n_lines}: dropped a torn last line" in err
+    assert [r["step"] for r in records(run)] == list(range(1, 21))
+
+
+def test_a_corrupt_state_json_is_named_and_passed_over(prepared, fresh_accelerate, capsys):
+    from pipeline.training import checkpoint
+
+    config = prepared(train={"epochs": 1, "save_every": 5})
+    assert train(load_config(config), str(config)) == signals.EXIT_OK
+    root = run_dir(config) / "checkpoints"
+    newest = checkpoint.complete_checkpoints(root)[-1][0]
+    (newest / "state.json").write_text('{"step": 2')
+    path, warnings = checkpoint.find_resume(root)
+    assert path is not None and path != newest
+    assert any(str(newest) in w and "state.json" in w for w in warnings)
