@@ -4,13 +4,9 @@
 """
 
 import os
-import sys
-from pathlib import Path
 
-if __name__ == "__main__":  # pipeline/ is sys.path[0] here and would shadow libraries (evaluate)
-    _here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
-    sys.path.insert(0, str(_here.parent))
+if __name__ == "__main__":  # run as a file: put the repository root, not pipeline/, on sys.path
+    import _entrypoint  # noqa: F401
 
 from pipeline.config import config_from_args, make_parser  # noqa: E402
 
