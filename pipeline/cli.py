@@ -27,6 +27,21 @@ def run_main(main: Callable[[list[str] | None], int]) -> None:
         end_process_group()
 
 
+def quiet_libraries(verbose: bool) -> None:
+    """Library progress bars ("Saving the dataset", "Map", "Loading weights") and transformers' load
+    reports only with --verbose: the pipeline draws one bar per stage and per training/eval phase."""
+    if verbose:
+        return
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # read when each library is imported
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.set_verbosity_error()
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
+
+
 def end_process_group() -> None:
     """Destroy the default torch.distributed group, if this process joined one.
 

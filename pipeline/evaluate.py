@@ -13,6 +13,7 @@ import dataclasses
 if __name__ == "__main__":  # run as a file: put the repository root, not pipeline/, on sys.path
     import _entrypoint  # noqa: F401
 
+from pipeline.cli import quiet_libraries  # noqa: E402
 from pipeline.config import config_from_args, make_parser  # noqa: E402
 
 
@@ -25,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, help="examples per forward pass (eval.batch_size)")
     parser.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (slow on CPUs without native bf16)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--verbose", action="store_true", help="also the libraries' progress bars and load reports")
     args = parser.parse_args(argv)
+    quiet_libraries(args.verbose)
     cfg = config_from_args(args, {"eval.batch_size": args.batch_size, "eval.bf16": args.bf16})
     # split and checkpoint names go in as given (a YAML parse would turn "100" into a number)
     cfg = dataclasses.replace(cfg, eval=dataclasses.replace(

@@ -3,11 +3,10 @@
     python pipeline/prepare.py --dedup minhash [--config configs/default.yaml] [section.key=value ...]
 """
 
-import os
-
 if __name__ == "__main__":  # run as a file: put the repository root, not pipeline/, on sys.path
     import _entrypoint  # noqa: F401
 
+from pipeline.cli import quiet_libraries  # noqa: E402
 from pipeline.config import config_from_args, make_parser  # noqa: E402
 
 
@@ -20,9 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from", dest="from_stage", choices=runner.STAGE_NAMES, help="redo this stage and the ones after it")
     parser.add_argument("--num-proc", type=int, help="processes for the heavy stages (dedup, tokenize)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--verbose", action="store_true", help="also the libraries' progress bars and load reports")
     args = parser.parse_args(argv)
-    if args.quiet:
-        os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when datasets is first imported
+    quiet_libraries(args.verbose)
     cfg = config_from_args(
         args, {"dedup.method": args.dedup, "dedup.num_proc": args.num_proc, "tokenize.num_proc": args.num_proc}
     )

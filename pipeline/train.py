@@ -12,6 +12,7 @@ saving a checkpoint: rerun with --resume auto to continue exactly where it stopp
 if __name__ == "__main__":  # run as a file: put the repository root, not pipeline/, on sys.path
     import _entrypoint  # noqa: F401
 
+from pipeline.cli import quiet_libraries  # noqa: E402
 from pipeline.config import config_from_args, make_parser  # noqa: E402
 
 
@@ -29,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
         help="start over in a run folder that holds a run, finished or not: its files are moved to "
         "<run>/set_aside/<time>/, never deleted",
     )
+    parser.add_argument("--verbose", action="store_true", help="also the libraries' progress bars and load reports")
     args = parser.parse_args(argv)
+    quiet_libraries(args.verbose)
     cfg = config_from_args(args)
     from pipeline.training.loop import train
 

@@ -21,9 +21,11 @@ def _run(script: str, *args: str) -> subprocess.CompletedProcess:
 def test_prepare_train_evaluate(tmp_path):
     common = [f"output_dir={tmp_path}", "source.sample=0.03", "train.max_steps=12", "train.save_every=6",
               "train.eval_every=6"]
-    prep = _run("prepare.py", "--dedup", "minhash", "--quiet", *common)
+    prep = _run("prepare.py", "--dedup", "minhash", *common)
     assert "tokenize" in prep.stdout and (tmp_path / "data" / "prepared.json").is_file()
-    _run("train.py", *common)
+    assert "Saving the dataset" not in prep.stderr and "Map" not in prep.stderr  # library bars only with --verbose
+    trained = _run("train.py", *common)
+    assert "LOAD REPORT" not in trained.stderr + trained.stdout
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
     ev = _run("evaluate.py", "--split", "test", "--quiet", *common)
     assert "accuracy" in ev.stdout

@@ -51,7 +51,10 @@ def build_model(cfg: Config, tok, label_names: list[str]):
               "label2id": {n: i for i, n in enumerate(label_names)}}
     if not m.from_scratch:
         src = model_source(m)
-        model = AutoModelForSequenceClassification.from_pretrained(src, **labels)
+        model, info = AutoModelForSequenceClassification.from_pretrained(src, output_loading_info=True, **labels)
+        if info["missing_keys"] and os.environ.get("RANK", "0") == "0":  # one line, not transformers' report table
+            print(f"new, randomly initialised (expected for a new task): {', '.join(sorted(info['missing_keys']))}",
+                  flush=True)
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tok.pad_token_id
         return model
