@@ -126,10 +126,6 @@ def clean(ds, cfg: CleanConfig, ctx: StageContext) -> StageResult:
     import datasets
     import pyarrow.compute as pc
 
-    if cfg.min_chars < 0 or cfg.max_chars < 0 or cfg.min_words < 0:
-        raise ValueError("clean.min_chars, clean.max_chars and clean.min_words must be >= 0")
-    if cfg.max_chars and cfg.max_chars < cfg.min_chars:
-        raise ValueError(f"clean.max_chars ({cfg.max_chars}) is below clean.min_chars ({cfg.min_chars}): nothing could pass")
     # one process per ~5k rows at most: below that, starting processes costs more than it saves
     num_proc = min(ctx.num_proc, len(ds) // 5000) if ctx.num_proc > 1 else 1
     common = {"num_proc": num_proc if num_proc > 1 else None, "keep_in_memory": True, "load_from_cache_file": False}

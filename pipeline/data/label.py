@@ -34,11 +34,8 @@ def resolve(raw: str, text: str, mapping: dict[str, str], rules: list[tuple[re.P
 
 
 def class_names(dd, cfg: LabelConfig, mapping: dict, rules: list) -> list[str]:
-    if cfg.names:
-        names = [str(n) for n in cfg.names]
-        if len(set(names)) != len(names):
-            raise ValueError(f"label.names has repeated names: {names}")
-        return names
+    if cfg.names:  # repeats are refused when the config is loaded
+        return [str(n) for n in cfg.names]
     seen = {resolve(r, t, mapping, rules) for s in SPLITS for r, t in zip(column(dd[s], "label"), column(dd[s], "text"))}
     return sorted(seen - {MISSING})
 
