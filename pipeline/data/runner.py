@@ -100,7 +100,7 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
             data = None  # loaded lazily, only if a later stage must run
         else:
             if data is None and data_dir is not None:
-                data = _load(data_dir)
+                data = _load_cached(data_dir, STAGE_NAMES[k - 1])
             data, man = _run_stage(stage, data, out, fp, input_fp, cfg, progress)
             rows.append({**_row(man), "cached": False})
         input_fp, data_dir, manifests[stage.name] = fp, out, man
@@ -123,6 +123,34 @@ def _load(stage_dir: Path) -> Any:
     return datasets.load_from_disk(str(stage_dir / "data"))
 
 
+def _load_cached(stage_dir: Path, name: str) -> Any:
+    """A complete stage from an earlier run; one that no longer loads (written by a version with a
+    bug) is named with the command that rebuilds it."""
+    try:
+        return _load(stage_dir)
+    except Exception as e:  # noqa: BLE001 - datasets raises many types for a folder it cannot read
+        raise ValueError(f"cached stage {stage_dir} cannot be read ({type(e).__name__}: {e}); "
+                         f"rebuild it with --from {name}") from None
+
+
+def _check_readable(data: Any, name: str) -> None:
+    """Splits with different columns are a stage's bug (datasets skips work on empty ones)."""
+    if hasattr(data, "num_rows") and isinstance(data.num_rows, int):
+        return
+    features = {k: d.features for k, d in data.items()}
+    if len({repr(f) for f in features.values()}) > 1:
+        raise ValueError(f"stage '{name}' made splits with different columns, nothing was saved: {features}")
+
+
+def _save(data: Any, folder: Path) -> None:
+    """save_to_disk, with one shard for each empty dataset: datasets writes zero shards for one,
+    and load_from_disk then fails (IndexError) on the folder it wrote itself."""
+    if hasattr(data, "num_rows") and isinstance(data.num_rows, int):
+        data.save_to_disk(str(folder), num_shards=1 if data.num_rows == 0 else None)
+    else:
+        data.save_to_disk(str(folder), num_shards={k: 1 for k, d in data.items() if d.num_rows == 0})
+
+
 def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, cfg: Config, progress: bool):
     import datasets
 
@@ -137,7 +165,8 @@ def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, cfg: 
                 f"stage '{stage.name}' left no rows (dropped: {result.dropped or 'none'}); "
                 f"loosen its settings in the [{stage.name}] section of the config"
             )
-        result.data.save_to_disk(str(tmp / "data"))
+        _save(result.data, tmp / "data")
+        _check_readable(_load(tmp), stage.name)  # a stage that cannot be read back is never marked complete
         man = artifacts.manifest(
             stage=stage.name,
             fingerprint=fp,
