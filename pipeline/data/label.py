@@ -59,13 +59,19 @@ def label(dd, cfg: LabelConfig, ctx: StageContext) -> StageResult:
         raise ValueError("no labels found: the source has no label column values and no label.rules matched")
     index = {n: i for i, n in enumerate(names)}
     bad: dict[str, list[str]] = defaultdict(list)
+    found: Counter = Counter()
     for s in SPLITS:
         for doc_id, raw, text in zip(column(dd[s], "id"), column(dd[s], "label"), column(dd[s], "text")):
             name = resolve(raw, text, mapping, rules)
+            found[name] += 1
             if name not in index:
                 bad[name].append(doc_id)
     if bad and cfg.unknown == "error":
         raise _unknown_error(bad, names)
+    absent = [n for n in names if not found[n]]
+    if absent:  # a class the model can never see (an empty class folder, a typo in label.names)
+        raise ValueError(f"label.names lists {absent} but no document has that label; remove it from label.names "
+                         f"or add its documents (found: {dict(sorted(found.items()))})")
 
     def to_id(batch):
         ids = [index.get(resolve(r, t, mapping, rules), -1) for r, t in zip(batch["label"], batch["text"])]
