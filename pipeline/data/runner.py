@@ -22,6 +22,7 @@ from pipeline.data.common import StageContext, StageResult, num_rows
 
 PREPARED = "prepared.json"
 STAGE_NAMES = ("load", "clean", "dedup", "split", "label", "tokenize")
+SECTION_OF = {"load": "source"}  # the config section of a stage not named after it
 
 
 @dataclass
@@ -161,9 +162,10 @@ def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, cfg: 
         ctx = StageContext(out_dir=tmp, num_proc=max(cfg.dedup.num_proc, cfg.tokenize.num_proc), progress=progress)
         result = stage.run(data, ctx)
         if num_rows(result.data) == 0:
+            section = SECTION_OF.get(stage.name, stage.name)
             raise ValueError(
                 f"stage '{stage.name}' left no rows (dropped: {result.dropped or 'none'}); "
-                f"loosen its settings in the [{stage.name}] section of the config"
+                f"loosen its settings in the config's `{section}` section ({section}.*)"
             )
         _save(result.data, tmp / "data")
         _check_readable(_load(tmp), stage.name)  # a stage that cannot be read back is never marked complete
