@@ -43,7 +43,7 @@ def tree_fingerprint(path: str | Path) -> str:
         return file_sha256(path)
     h = hashlib.sha256()
     for p in sorted(q for q in path.rglob("*") if q.is_file()):
-        h.update(str(p.relative_to(path)).encode("utf-8") + b"\0")
+        h.update(os.fsencode(p.relative_to(path)) + b"\0")  # the name's bytes, UTF-8 or not
         h.update(file_sha256(p).encode("ascii"))
     return h.hexdigest()
 

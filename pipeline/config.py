@@ -246,6 +246,8 @@ _INTERVAL = re.compile(r"([\[(])(-?inf|-?\d+(?:\.\d*)?), (inf|-?\d+(?:\.\d*)?)([
 
 def _check_allowed(value: Any, meta: Any, key: str) -> None:
     """The one place a single field's value is checked: its choices, or its range (see `opt`)."""
+    if isinstance(value, str) and not _is_utf8(value):  # from a non-UTF-8 argv or file name
+        raise ConfigError(f"{key}: {ascii(value)} is not valid UTF-8 text; use a UTF-8 name (rename the path)")
     choices = meta.get("choices")
     if choices and value not in choices:
         raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}")
@@ -254,6 +256,14 @@ def _check_allowed(value: Any, meta: Any, key: str) -> None:
         raise ConfigError(f"{key} must be a finite number{_range_text(bounds) if bounds else ''}, got {value}")
     if bounds and not _in_bounds(value, bounds):
         raise ConfigError(f"{key} must be{_range_text(bounds)}, got {value}")
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: Python's stand-in for an undecodable byte
+        return False
+    return True
 
 
 def _in_bounds(value: float, bounds: str) -> bool:
@@ -448,6 +458,25 @@ def config_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = No
         if value is not None:
             overrides.append(f"{key}={value}")
     return load_config(args.config, overrides)
+
+
+def override_args(cfg: Config, path: str | Path, sections: tuple[str, ...]) -> list[str]:
+    """The `key=value` overrides that turn the YAML file at `path` into `cfg`, for the keys under
+    `sections`: what a suggested command must repeat so that it means the user's run."""
+    base = _flat(_build(Config, read_yaml(Path(path)), "").to_dict())
+    out = []
+    for key, value in _flat(cfg.to_dict()).items():
+        if key.split(".")[0] in sections and base.get(key) != value:
+            text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=float("inf")).strip()
+            out.append(f"{key}={text.removesuffix('...').strip()}")  # a plain scalar dumps as "x\n..."
+    return out
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():  # only the top level holds sections; label.mapping is one value
+        out.update(_flat(v, f"{k}.") if isinstance(v, dict) and not prefix else {prefix + k: v})
+    return out
 
 
 def to_yaml(cfg: Config) -> str:

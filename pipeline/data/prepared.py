@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline import artifacts
-from pipeline.config import Config
+from pipeline.config import Config, override_args
+
+
+# what the prepared data depends on (model: the pretrained tokenizer's name), and where it goes
+DATA_SECTIONS = ("output_dir", "source", "clean", "dedup", "split", "label", "tokenize", "model")
+
+
+def prepare_command(cfg: Config, config_path: str) -> str:
+    """The prepare command that makes `cfg`'s data: its file plus the user's overrides of it."""
+    args = ["python", "pipeline/prepare.py", "--config", config_path]
+    if Path(config_path).is_file():
+        args += override_args(cfg, config_path, DATA_SECTIONS)
+    return shlex.join(args)
 
 
 @dataclass
@@ -25,7 +38,7 @@ def load_prepared(cfg: Config, config_path: str = "<config>") -> Prepared:
     from pipeline.data.runner import PREPARED, data_config_fingerprint
 
     pointer = cfg.data_dir / PREPARED
-    cmd = f"python pipeline/prepare.py --config {config_path}"
+    cmd = prepare_command(cfg, config_path)
     if not pointer.is_file():
         raise FileNotFoundError(f"no prepared data at {cfg.data_dir}: run `{cmd}` first")
     info = artifacts.read_json(pointer)
