@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -86,16 +85,17 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
         raise ValueError(f"--from {from_stage!r} is not a stage; stages: {', '.join(STAGE_NAMES)}")
     first_forced = 0 if force else (STAGE_NAMES.index(from_stage) if from_stage else len(STAGE_NAMES))
     stages_root = cfg.data_dir / "stages"
-    artifacts.remove_stale_temporaries(stages_root)
+    for folder in (stages_root, cfg.data_dir):  # stage folders; prepared.json and report.json
+        artifacts.remove_stale_temporaries(folder)
     input_fp = sources.fingerprint(cfg.source)
     data, data_dir, rows, manifests = None, None, [], {}
     for k, stage in enumerate(stage_table(cfg)):
         fp = artifacts.fingerprint(stage.name, _code_fingerprint(stage.modules), _config_dicts(stage.config), input_fp)
         out = stages_root / f"{k}-{stage.name}-{fp}"
-        if k >= first_forced and out.exists():
-            shutil.rmtree(out)
         t0 = time.perf_counter()
-        if artifacts.is_complete(out):
+        # a forced stage is replaced when its new copy is complete, never deleted first: a kill
+        # in the middle of rmtree could leave its manifest next to half of its data
+        if k < first_forced and artifacts.is_complete(out):
             man = artifacts.read_json(out / artifacts.MANIFEST)
             rows.append({**_row(man), "cached": True, "seconds": round(time.perf_counter() - t0, 3)})
             data = None  # loaded lazily, only if a later stage must run
