@@ -106,11 +106,23 @@ def _pyarrow_message(e: Exception) -> str:
 
 
 def read_csv(path: Path, cfg: SourceConfig) -> tuple[pa.Table, dict]:
-    from pyarrow import csv
-
     encoding = _codec(cfg)
     check_text_file(path, encoding, cfg.format)
-    read_opts = csv.ReadOptions(encoding="utf8" if encoding == "utf-8" else encoding)
+    try:
+        return _read_csv(path, cfg, encoding, block_size=None)
+    except _RowLongerThanBlock:  # pyarrow parses 1 MB blocks in parallel; a longer row needs bigger ones
+        return _read_csv(path, cfg, encoding, block_size=min(path.stat().st_size + 1, 2**31 - 1))
+
+
+class _RowLongerThanBlock(Exception):
+    """pyarrow's "straddling object straddles two block boundaries"."""
+
+
+def _read_csv(path: Path, cfg: SourceConfig, encoding: str, block_size: int | None) -> tuple[pa.Table, dict]:
+    from pyarrow import csv
+
+    read_opts = csv.ReadOptions(encoding="utf8" if encoding == "utf-8" else encoding,
+                                **({"block_size": block_size} if block_size else {}))
     bad: list[str] = []
 
     def on_bad_row(row) -> str:  # pyarrow gives no line number; it is looked up below
@@ -131,6 +143,8 @@ def read_csv(path: Path, cfg: SourceConfig) -> tuple[pa.Table, dict]:
     except UnicodeDecodeError:
         raise _bad_bytes_error(path, encoding) from None
     except pa.ArrowInvalid as e:
+        if "straddl" in str(e) and block_size is None:
+            raise _RowLongerThanBlock() from None
         if "UTF8" in str(e):
             raise _bad_bytes_error(path, encoding) from None
         if bad:
