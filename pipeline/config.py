@@ -392,6 +392,8 @@ def validate(cfg: Config) -> None:
     if m.from_scratch and m.hidden_size % m.num_heads:
         raise ConfigError(f"model.hidden_size={m.hidden_size} must be divisible by model.num_heads={m.num_heads}")
     _validate_labels(cfg.label)
+    if not cfg.output_dir.strip():
+        raise ConfigError("output_dir is empty: name the folder for this experiment's data and run")
     if cfg.source.format != "hub" and not cfg.source.path:
         raise ConfigError("source.path is empty: name the file or folder to read")
 

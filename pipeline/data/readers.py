@@ -243,7 +243,7 @@ def read_parquet(path: Path, cfg: SourceConfig) -> tuple[pa.Table, dict]:
         needed = check_columns(data.schema.names, cfg, str(path))
         table = data.to_table(columns=list(dict.fromkeys(needed.values())))
     except pa.ArrowInvalid as e:
-        raise ValueError(f"{path}: cannot read as Parquet: {e}") from None
+        raise ValueError(f"{path}: cannot read as Parquet: {_pyarrow_message(e)}") from None
     return select(table, needed), {}
 
 
