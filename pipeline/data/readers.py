@@ -34,6 +34,9 @@ def check_columns(available: list[str], cfg: SourceConfig, where: str) -> dict[s
     keys = {"text": "text_field", "label": "label_field", "id": "id_field", "source_split": "split_field"}
     needed = needed_columns(cfg)
     for ours, theirs in needed.items():
+        if available.count(theirs) > 1:  # pyarrow would silently take one of them
+            raise ValueError(f"{where}: the header names column '{theirs}' (source.{keys[ours]}) "
+                             f"{available.count(theirs)} times; rename all but one")
         if theirs not in available:
             close = difflib.get_close_matches(theirs, available, n=1, cutoff=0.5)
             hint = f"; did you mean '{close[0]}'?" if close else ""
