@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from collections import Counter, defaultdict
 
 from pipeline.config import LabelConfig
@@ -69,9 +70,9 @@ def label(dd, cfg: LabelConfig, ctx: StageContext) -> StageResult:
     if bad and cfg.unknown == "error":
         raise _unknown_error(bad, names)
     absent = [n for n in names if not found[n]]
-    if absent:  # a class the model can never see (an empty class folder, a typo in label.names)
-        raise ValueError(f"label.names lists {absent} but no document has that label; remove it from label.names "
-                         f"or add its documents (found: {dict(sorted(found.items()))})")
+    if absent:  # an empty class folder, a typo; a warning, not an error: source.max_rows on a sorted file does it too
+        print(f"warning: label.names lists {absent} but no document has that label: the model gets a class it never "
+              f"sees (found: {dict(sorted(found.items()))})", file=sys.stderr)
 
     def to_id(batch):
         ids = [index.get(resolve(r, t, mapping, rules), -1) for r, t in zip(batch["label"], batch["text"])]
@@ -86,4 +87,5 @@ def label(dd, cfg: LabelConfig, ctx: StageContext) -> StageResult:
     dropped = {"unknown_label": sum(len(v) for k, v in bad.items() if k != MISSING), "missing_label": len(bad.get(MISSING, []))}
     result = DatasetDict(out)
     counts = {s: dict(Counter(names[i] for i in column(result[s], "label"))) for s in SPLITS}
-    return StageResult(result, {k: v for k, v in dropped.items() if v}, {"label_names": names, "class_counts": counts})
+    stats = {"label_names": names, "class_counts": counts, "classes_without_documents": absent}
+    return StageResult(result, {k: v for k, v in dropped.items() if v}, stats)
