@@ -326,7 +326,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if not isinstance(key, typing.Hashable):
                 continue  # the base class names this error itself
             if key in seen:
-                raise ConfigError(f"line {key_node.start_mark.line + 1}: key '{key}' is given twice in one section; keep one")
+                line = key_node.start_mark.line + 1
+                raise ConfigError(f"line {line}: key '{key}' is given twice in one section; keep one")
             seen.add(key)
         return super().construct_mapping(node, deep)
 
@@ -340,7 +341,8 @@ def read_yaml(path: Path) -> dict:
     try:
         tree = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: byte {e.object[e.start:e.end]!r} at offset {e.start} is not UTF-8; save the file as UTF-8") from None
+        raise ConfigError(f"{path}: byte {e.object[e.start:e.end]!r} at offset {e.start} is not UTF-8; "
+                          f"save the file as UTF-8") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -387,7 +389,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"split.chunk_overlap must be below split.chunk_size={s.chunk_size}, got {s.chunk_overlap}")
     c = cfg.clean
     if c.max_chars and c.max_chars < c.min_chars:
-        raise ConfigError(f"clean.max_chars ({c.max_chars}) is below clean.min_chars ({c.min_chars}): nothing could pass")
+        raise ConfigError(f"clean.max_chars ({c.max_chars}) is below clean.min_chars ({c.min_chars}): "
+                          f"nothing could pass")
     m = cfg.model
     if m.from_scratch and m.hidden_size % m.num_heads:
         raise ConfigError(f"model.hidden_size={m.hidden_size} must be divisible by model.num_heads={m.num_heads}")

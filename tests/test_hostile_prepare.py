@@ -280,7 +280,8 @@ def test_a_bad_csv_row_is_named_by_line_without_quoting_it(tmp_path):
 ])
 def test_an_input_without_records(tmp_path, name, content):
     (tmp_path / name).write_bytes(content)
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / name))}: (no rows to read|cannot read as CSV: Empty)"):
+    where = re.escape(str(tmp_path / name))
+    with pytest.raises(ValueError, match=rf"^{where}: (no rows to read|cannot read as CSV: Empty)"):
         _load(tmp_path / name)
 
 
@@ -288,7 +289,8 @@ def test_an_input_without_records(tmp_path, name, content):
     ("body,label\nhello world,a\n", {}, r"no column 'text' \(source.text_field\); columns in the file: body, label"),
     ("text,sentiment\nhello world,a\n", {}, r"no column 'label' \(source.label_field\).*set source.label_field: ''"),
     ("text,text,label\nhello world,x,a\n", {}, r"the header names column 'text' \(source.text_field\) 2 times"),
-    ("id,text,label\n1,hello world,a\n1,bye now,b\n", {"id_field": "id"}, r"ids in column 'id' .* 1 repeat: '1' \(2 rows\)"),
+    ("id,text,label\n1,hello world,a\n1,bye now,b\n", {"id_field": "id"},
+     r"ids in column 'id' .* 1 repeat: '1' \(2 rows\)"),
 ])
 def test_column_problems_name_the_file_and_the_key(tmp_path, content, fields, message):
     (tmp_path / "x.csv").write_text(content, encoding="utf-8")
@@ -341,7 +343,8 @@ def test_label_folders_empty_hidden_and_non_utf8_names(tmp_path, capfd):
     (root / odd / os.fsdecode(b"b\xff.txt")).write_text("bad", encoding="utf-8")
     rows = _load(root, format="folder").data.to_list()
     assert sorted((r["id"], r["label"]) for r in rows) == [("n\\xe9g/b\\xff.txt", "n\\xe9g"), ("pos/a.txt", "pos")]
-    assert capfd.readouterr().err == f"warning: {root / 'empty'} has no .txt files: class 'empty' gets no documents from it\n"
+    warning = f"warning: {root / 'empty'} has no .txt files: class 'empty' gets no documents from it\n"
+    assert capfd.readouterr().err == warning
 
 
 def test_a_class_in_label_names_without_documents_is_warned_about(tmp_path, capfd):
@@ -413,7 +416,7 @@ def test_a_pathological_row_costs_linear_time_or_is_dropped(tmp_path):
     from pipeline.data.clean import clean
 
     texts = ["x " * 2_500_000, "<!--" * 100_000 + " tail", "a normal review of a film"]
-    ds = datasets.Dataset.from_dict({"id": ["a", "b", "c"], "text": texts, "label": ["p"] * 3, "source_split": [""] * 3})
+    ds = datasets.Dataset.from_dict({"id": list("abc"), "text": texts, "label": ["p"] * 3, "source_split": [""] * 3})
     start = time.perf_counter()
     result = clean(ds, CleanConfig(), StageContext(out_dir=tmp_path, progress=False))
     assert time.perf_counter() - start < 10  # an unclosed "<!--" made this quadratic (75 s for 160 KB)
@@ -424,7 +427,8 @@ def test_a_pathological_row_costs_linear_time_or_is_dropped(tmp_path):
 def test_train_before_prepare_repeats_the_users_overrides(tmp_path):
     from pipeline.data.prepared import load_prepared
 
-    cfg = load_config(TINY, [f"output_dir={tmp_path / 'o u t'}", "split.seed=3", "label.names=[a, b c]", "train.lr=0.1"])
+    overrides = [f"output_dir={tmp_path / 'o u t'}", "split.seed=3", "label.names=[a, b c]", "train.lr=0.1"]
+    cfg = load_config(TINY, overrides)
     with pytest.raises(FileNotFoundError) as e:
         load_prepared(cfg, str(TINY))
     cmd = re.search(r"run `(.*)` first", str(e.value)).group(1)

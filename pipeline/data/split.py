@@ -97,7 +97,7 @@ def _chunk_rows(ds, cfg: SplitConfig):
                 out["chunk"].append(k)
         return out
 
-    added = {"id": ds.features["id"], "text": ds.features["text"], "label": ds.features["label"], "chunk": Value("int64")}
+    added = {**{k: ds.features[k] for k in ("id", "text", "label")}, "chunk": Value("int64")}
     return map_batches(ds, cut, added, remove_columns=ds.column_names, desc="chunk")
 
 
