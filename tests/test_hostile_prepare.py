@@ -449,3 +449,12 @@ def test_nan_inf_spellings_all_fail():
         with pytest.raises(ConfigError, match=r"^dedup.threshold must be a finite number in \(0, 1\]"):
             load_config(None, [f"dedup.threshold={spelling}"])
     assert math.isclose(load_config(None, ["dedup.threshold=1e-3"]).dedup.threshold, 1e-3)
+
+
+def test_a_mistyped_tokenizer_path_fails_before_any_stage_runs(tmp_path):
+    cfg = load_config(TINY, _data_overrides(tmp_path, _corpus(tmp_path / "c.csv"), "tokenize.kind=pretrained",
+                                            f"tokenize.pretrained={tmp_path / 'no-such-tokenizer'}"))
+    with pytest.raises(FileNotFoundError, match=rf"{re.escape(str(tmp_path / 'no-such-tokenizer'))} is not a folder "
+                                                r"\(tokenize.pretrained"):
+        runner.run(cfg, progress=False)
+    _nothing_written(tmp_path / "out")

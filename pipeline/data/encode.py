@@ -23,18 +23,31 @@ WORDPIECE_SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "
 BPE_SPECIALS = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "pad_token": "<pad>"}
 
 
+def local_tokenizer(name: str) -> Path | None:
+    """The folder of a pretrained tokenizer given as a path or `package:MODULE`; None for a hub id.
+    Cheap, so prepare checks it before any stage runs: a mistyped path fails first, not last."""
+    src = resolve_pretrained(name)
+    looks_local = src.startswith(("/", ".", "~")) or Path(src).exists()
+    if not looks_local:
+        return None
+    folder = Path(src).expanduser()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"tokenizer '{name}': {folder} is not a folder (tokenize.pretrained, or "
+                                f"model.name_or_path when that is empty); point it at a tokenizer folder or a hub id")
+    return folder
+
+
 def _pretrained_files(name: str, dest: Path) -> Path:
     """Copy a pretrained tokenizer's files into `dest`; returns the tokenizer.json path."""
-    src = resolve_pretrained(name)
-    if Path(src).is_dir():
-        folder = Path(src)
-    else:  # a hub id: fetch only the tokenizer files (fails fast and clearly when offline)
+    folder = local_tokenizer(name)
+    if folder is None:  # a hub id: fetch only the tokenizer files (fails fast and clearly when offline)
         from huggingface_hub import snapshot_download
 
         try:
-            folder = Path(snapshot_download(src, allow_patterns=list(TOKENIZER_FILES)))
+            folder = Path(snapshot_download(name, allow_patterns=list(TOKENIZER_FILES)))
         except Exception as e:  # noqa: BLE001 - the hub client raises many types; the user needs one message
-            raise FileNotFoundError(f"tokenizer '{name}' is not a local folder and could not be fetched from the hub: {e}") from None
+            raise FileNotFoundError(f"tokenizer '{name}' is not a local folder and could not be fetched from the hub: "
+                                    f"{' '.join(str(e).split())}") from None
     dest.mkdir(parents=True, exist_ok=True)
     if (folder / "tokenizer.json").is_file():
         for f in TOKENIZER_FILES:

@@ -88,6 +88,10 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
     for folder in (stages_root, cfg.data_dir):  # stage folders; prepared.json and report.json
         artifacts.remove_stale_temporaries(folder)
     input_fp = sources.fingerprint(cfg.source)
+    if cfg.tokenize.kind == "pretrained":  # a mistyped tokenizer path fails now, not after five stages
+        from pipeline.data.encode import local_tokenizer
+
+        local_tokenizer(pretrained_tokenizer_name(cfg))
     data, data_dir, rows, manifests = None, None, [], {}
     for k, stage in enumerate(stage_table(cfg)):
         fp = artifacts.fingerprint(stage.name, _code_fingerprint(stage.modules), _config_dicts(stage.config), input_fp)
