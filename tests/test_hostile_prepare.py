@@ -365,24 +365,41 @@ def test_left_no_rows_names_the_real_config_section(tmp_path):
         runner.run(cfg, progress=False)
 
 
-def test_a_killed_unreaped_prepare_leaves_nothing_for_the_next_run(tmp_path):
-    """SIGKILL a real prepare mid-stage and do not reap it (a zombie answers kill(pid, 0), as a
-    harness that reruns at once leaves it): the next run removes the dead run's temporary."""
+def _start_mid_stage(tmp_path: Path) -> subprocess.Popen:
+    """A real prepare on 20k rows, returned once it is writing a stage's temporary."""
     big = _corpus(tmp_path / "big.csv", n=20_000)
     args = [sys.executable, str(ROOT / "pipeline" / "prepare.py"), "--config", str(TINY), "--quiet",
             *_data_overrides(tmp_path, big)]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     stages = tmp_path / "out" / "data" / "stages"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         if stages.exists() and any(".tmp-" in p.name for p in stages.iterdir()):
-            break
+            return proc
         time.sleep(0.02)
+    raise AssertionError("prepare finished before it could be interrupted")
+
+
+def test_ctrl_c_is_one_line_exit_130_and_leaves_no_temporary(tmp_path):
+    proc = _start_mid_stage(tmp_path)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    with proc.stderr:
+        assert proc.stderr.read() == "error: interrupted (Ctrl-C)\n"
+    assert [p.name for p in (tmp_path / "out" / "data" / "stages").iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_killed_unreaped_prepare_leaves_nothing_for_the_next_run(tmp_path):
+    """SIGKILL a real prepare mid-stage and do not reap it (a zombie answers kill(pid, 0), as a
+    harness that reruns at once leaves it): the next run removes the dead run's temporary."""
+    proc = _start_mid_stage(tmp_path)
+    stages = tmp_path / "out" / "data" / "stages"
     os.kill(proc.pid, signal.SIGKILL)
     time.sleep(0.2)  # dead, and left unreaped
     assert any(".tmp-" in p.name for p in stages.iterdir())
     out = _prepare(*_data_overrides(tmp_path, _corpus(tmp_path / "small.csv")))
     proc.wait()
+    proc.stderr.close()
     assert out.returncode == 0, out.stderr
     assert [p.name for p in stages.iterdir() if p.name.startswith(".")] == []
 
