@@ -105,7 +105,7 @@ def test_a_cached_stage_that_no_longer_loads_names_the_command_that_rebuilds_it(
     for shard in (split_dir / "data" / "test").glob("*.arrow"):
         shard.unlink()  # what an older version's zero-shard empty split looked like to load_from_disk
     changed = load_config(TINY, _data_overrides(tmp_path, tmp_path / "c.csv", "label.unknown=drop"))
-    with pytest.raises(ValueError, match=rf"cached stage {re.escape(str(split_dir))} cannot be read .*--from split"):
+    with pytest.raises(ValueError, match=rf"^stage {re.escape(str(split_dir))} cannot be read \(.*\); rebuild it with --from split$"):
         runner.run(changed, progress=False)
     assert [r["cached"] for r in runner.run(changed, progress=False, from_stage="split")][3:] == [False] * 3
 
@@ -475,3 +475,25 @@ def test_a_mistyped_tokenizer_path_fails_before_any_stage_runs(tmp_path):
                                                 r"\(tokenize.pretrained"):
         runner.run(cfg, progress=False)
     _nothing_written(tmp_path / "out")
+
+
+def test_damaged_files_of_a_finished_prepare_are_named_with_the_command_that_fixes_them(tmp_path, capfd):
+    from pipeline.data.prepared import load_prepared
+
+    cfg = load_config(TINY, _data_overrides(tmp_path, _corpus(tmp_path / "c.csv")))
+    runner.run(cfg, progress=False)
+    clean_dir = next((cfg.data_dir / "stages").glob("1-clean-*"))
+    (clean_dir / "manifest.json").write_text('{"stage": "cle')  # torn: the stage runs again, with a warning
+    rows = runner.run(cfg, progress=False)
+    assert [r["cached"] for r in rows] == [True, False, True, True, True, True]
+    assert f"warning: {clean_dir / 'manifest.json'}: not valid JSON" in capfd.readouterr().err
+    tokenize_dir = next((cfg.data_dir / "stages").glob("5-tokenize-*"))
+    for shard in (tokenize_dir / "data" / "train").glob("*.arrow"):
+        shard.write_bytes(b"\0" * 64)
+    with pytest.raises(ValueError, match=rf"^stage {re.escape(str(tokenize_dir))} cannot be read .*; rebuild it with "
+                                         r"`python pipeline/prepare.py --config .* --from tokenize`$"):
+        load_prepared(cfg, str(TINY))
+    (cfg.data_dir / runner.PREPARED).write_text("{")
+    with pytest.raises(ValueError, match=r"prepared.json: not valid JSON \(line 1\).*; run `python pipeline/prepare.py "
+                                         r"--config .*` to write it again$"):
+        load_prepared(cfg, str(TINY))

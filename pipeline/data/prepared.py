@@ -33,15 +33,16 @@ class Prepared:
 
 def load_prepared(cfg: Config, config_path: str = "<config>") -> Prepared:
     """Load the prepared data for `cfg`, or explain which prepare command makes it."""
-    import datasets
-
-    from pipeline.data.runner import PREPARED, data_config_fingerprint
+    from pipeline.data.runner import PREPARED, data_config_fingerprint, load_stage
 
     pointer = cfg.data_dir / PREPARED
     cmd = prepare_command(cfg, config_path)
     if not pointer.is_file():
         raise FileNotFoundError(f"no prepared data at {cfg.data_dir}: run `{cmd}` first")
-    info = artifacts.read_json(pointer)
+    try:
+        info = artifacts.read_json(pointer)
+    except ValueError as e:  # damaged on disk; prepare writes it again
+        raise ValueError(f"{e}; run `{cmd}` to write it again") from None
     if info.get("config_fingerprint") != data_config_fingerprint(cfg):
         raise ValueError(
             f"the prepared data in {cfg.data_dir} was made with other data settings than this config; "
@@ -51,7 +52,7 @@ def load_prepared(cfg: Config, config_path: str = "<config>") -> Prepared:
     if not artifacts.is_complete(stage_dir):
         raise FileNotFoundError(f"prepared data {stage_dir} is missing or incomplete: run `{cmd}`")
     return Prepared(
-        splits=datasets.load_from_disk(str(stage_dir / "data")),
+        splits=load_stage(stage_dir, "tokenize", cmd),
         tokenizer_dir=stage_dir / "tokenizer",
         label_names=list(info["label_names"]),
         fingerprint=info["fingerprint"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -99,13 +100,13 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
         t0 = time.perf_counter()
         # a forced stage is replaced when its new copy is complete, never deleted first: a kill
         # in the middle of rmtree could leave its manifest next to half of its data
-        if k < first_forced and artifacts.is_complete(out):
-            man = artifacts.read_json(out / artifacts.MANIFEST)
+        man = _cached_manifest(out) if k < first_forced else None
+        if man is not None:
             rows.append({**_row(man), "cached": True, "seconds": round(time.perf_counter() - t0, 3)})
             data = None  # loaded lazily, only if a later stage must run
         else:
             if data is None and data_dir is not None:
-                data = _load_cached(data_dir, STAGE_NAMES[k - 1])
+                data = load_stage(data_dir, STAGE_NAMES[k - 1])
             data, man = _run_stage(stage, data, out, fp, input_fp, cfg, progress)
             rows.append({**_row(man), "cached": False})
         input_fp, data_dir, manifests[stage.name] = fp, out, man
@@ -122,20 +123,31 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
     return rows
 
 
+def _cached_manifest(out: Path) -> dict | None:
+    """The manifest of a complete stage; one damaged on disk makes the stage run again."""
+    if not artifacts.is_complete(out):
+        return None
+    try:
+        return artifacts.read_json(out / artifacts.MANIFEST)
+    except ValueError as e:
+        print(f"warning: {e}; running the stage again", file=sys.stderr)
+        return None
+
+
 def _load(stage_dir: Path) -> Any:
     import datasets
 
     return datasets.load_from_disk(str(stage_dir / "data"))
 
 
-def _load_cached(stage_dir: Path, name: str) -> Any:
-    """A complete stage from an earlier run; one that no longer loads (written by a version with a
-    bug) is named with the command that rebuilds it."""
+def load_stage(stage_dir: Path, name: str, command: str = "") -> Any:
+    """A complete stage from an earlier run; one that no longer loads (damaged on disk, or written
+    by a version with a bug) is named with the command that rebuilds it."""
     try:
         return _load(stage_dir)
     except Exception as e:  # noqa: BLE001 - datasets raises many types for a folder it cannot read
-        raise ValueError(f"cached stage {stage_dir} cannot be read ({type(e).__name__}: {e}); "
-                         f"rebuild it with --from {name}") from None
+        fix = f"`{command} --from {name}`" if command else f"--from {name}"
+        raise ValueError(f"stage {stage_dir} cannot be read ({type(e).__name__}: {e}); rebuild it with {fix}") from None
 
 
 def _check_readable(data: Any, name: str) -> None:
