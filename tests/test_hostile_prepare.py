@@ -497,3 +497,14 @@ def test_damaged_files_of_a_finished_prepare_are_named_with_the_command_that_fix
     with pytest.raises(ValueError, match=r"prepared.json: not valid JSON \(line 1\).*; run `python pipeline/prepare.py "
                                          r"--config .*` to write it again$"):
         load_prepared(cfg, str(TINY))
+
+
+def test_a_file_ending_inside_a_character_or_separated_by_semicolons(tmp_path):
+    (tmp_path / "cut.jsonl").write_bytes(b'{"text": "fine", "label": "a"}\n{"text": "caf\xe9')
+    with pytest.raises(ValueError, match=r"cut.jsonl:2: the file ends inside a utf-8 character: it is cut short, or "
+                                         r"not utf-8 \(set source.encoding"):
+        _load(tmp_path / "cut.jsonl")
+    (tmp_path / "semi.csv").write_text("text;label\nhello;a\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"columns in the file: text;label.* \(one column: is the file separated by "
+                                         r"';'\? source.format=csv reads ',', tsv reads tabs\)"):
+        _load(tmp_path / "semi.csv")

@@ -41,6 +41,9 @@ def check_columns(available: list[str], cfg: SourceConfig, where: str) -> dict[s
             close = difflib.get_close_matches(theirs, available, n=1, cutoff=0.5)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             extra = " (set source.label_field: '' for unlabelled text)" if ours == "label" else ""
+            if len(available) == 1 and (sep := re.search(r"[;|\t]", available[0])):
+                extra += (f" (one column: is the file separated by {sep.group()!r}? source.format=csv reads ',', "
+                          f"tsv reads tabs)")
             raise ValueError(f"{where}: no column '{theirs}' (source.{keys[ours]}); columns in the file: "
                              f"{', '.join(available) or 'none'}{hint}{extra}")
     return needed
@@ -84,7 +87,7 @@ def check_text_file(path: Path, encoding: str, fmt: str, block: int = 1 << 20) -
     """
     nul_is_text = encoding.startswith(("utf-16", "utf-32"))
     decoder = codecs.getincrementaldecoder(encoding)()
-    offset = 0
+    offset = lines = 0
     with open(path, "rb") as f:
         while data := f.read(block):
             if not nul_is_text and (at := data.find(b"\0")) >= 0:
@@ -94,11 +97,12 @@ def check_text_file(path: Path, encoding: str, fmt: str, block: int = 1 << 20) -
                 decoder.decode(data)
             except UnicodeDecodeError:
                 raise _bad_bytes_error(path, encoding) from None
-            offset += len(data)
+            offset, lines = offset + len(data), lines + data.count(b"\n")
     try:
         decoder.decode(b"", final=True)
     except UnicodeDecodeError:
-        raise ValueError(f"{path}: ends in the middle of a {encoding} character; is the file cut short?") from None
+        raise ValueError(f"{path}:{lines + 1}: the file ends inside a {encoding} character: it is cut short, or not "
+                         f"{encoding} (set source.encoding to the file's encoding)") from None
 
 
 def _pyarrow_message(e: Exception) -> str:
