@@ -508,3 +508,13 @@ def test_a_file_ending_inside_a_character_or_separated_by_semicolons(tmp_path):
     with pytest.raises(ValueError, match=r"columns in the file: text;label.* \(one column: is the file separated by "
                                          r"';'\? source.format=csv reads ',', tsv reads tabs\)"):
         _load(tmp_path / "semi.csv")
+
+
+def test_an_output_dir_inside_a_source_folder_is_refused(tmp_path):
+    (tmp_path / "src" / "pos").mkdir(parents=True)
+    (tmp_path / "src" / "pos" / "a.txt").write_text("good", encoding="utf-8")
+    cfg = load_config(TINY, [*_data_overrides(tmp_path, tmp_path / "src", "source.format=folder"),
+                             f"output_dir={tmp_path / 'src' / 'out'}"])
+    with pytest.raises(ValueError, match=r"output_dir .*src/out is inside source.path .*src: each run would change"):
+        runner.run(cfg, progress=False)
+    assert sorted(p.name for p in (tmp_path / "src").iterdir()) == ["pos"]

@@ -88,6 +88,7 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
     stages_root = cfg.data_dir / "stages"
     for folder in (stages_root, cfg.data_dir):  # stage folders; prepared.json and report.json
         artifacts.remove_stale_temporaries(folder)
+    _check_output_outside_input(cfg)
     input_fp = sources.fingerprint(cfg.source)
     if cfg.tokenize.kind == "pretrained":  # a mistyped tokenizer path fails now, not after five stages
         from pipeline.data.encode import local_tokenizer
@@ -121,6 +122,18 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
     )
     artifacts.write_json_atomic(cfg.data_dir / "report.json", rows)
     return rows
+
+
+def _check_output_outside_input(cfg: Config) -> None:
+    """Stages written inside a source folder would change its fingerprint (and its classes) every run."""
+    from pipeline.data import sources
+
+    if cfg.source.format == "hub" and not Path(cfg.source.path).exists():
+        return
+    src = sources.resolve_path(cfg.source).resolve()
+    if src.is_dir() and cfg.data_dir.resolve().is_relative_to(src):
+        raise ValueError(f"output_dir {cfg.output_dir} is inside source.path {src}: each run would change the input "
+                         f"it reads; put output_dir outside it")
 
 
 def _cached_manifest(out: Path) -> dict | None:
