@@ -66,8 +66,8 @@ class CleanConfig:
     strip_retweet: bool = opt(True, "drop a leading 'RT @user:' retweet marker")
     lowercase: bool = opt(False, "lowercase the text (uncased tokenizers do this themselves)")
     min_chars: int = opt(1, "drop texts shorter than this many characters after cleaning", bounds="[0, inf)")
-    # a default limit: one pathological row (a 5 MB cell) cost ~50 s in dedup and split; 100k characters
-    # is ~15k words, far past any max_length, and split.chunk users of longer documents raise it
+    # a default limit: one pathological row (a 5 MB cell) cost ~40 s across dedup, split and tokenize;
+    # 100k characters is ~15k words, far past any max_length; split.chunk users of longer documents raise it
     max_chars: int = opt(100_000, "drop texts longer than this many characters after cleaning (0 = no limit)", bounds="[0, inf)")
     min_words: int = opt(1, "drop texts with fewer words than this after cleaning (URL/mention tokens are not words)", bounds="[0, inf)")
 
