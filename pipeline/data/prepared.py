@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline import artifacts
-from pipeline.config import Config
+from pipeline.config import Config, override_args
+
+
+# what the prepared data depends on (model: the pretrained tokenizer's name), and where it goes
+DATA_SECTIONS = ("output_dir", "source", "clean", "dedup", "split", "label", "tokenize", "model")
+
+
+def prepare_command(cfg: Config, config_path: str) -> str:
+    """The prepare command that makes `cfg`'s data: its file plus the user's overrides of it."""
+    args = ["python", "pipeline/prepare.py", "--config", config_path]
+    if Path(config_path).is_file():
+        args += override_args(cfg, config_path, DATA_SECTIONS)
+    return shlex.join(args)
 
 
 @dataclass
@@ -20,15 +33,16 @@ class Prepared:
 
 def load_prepared(cfg: Config, config_path: str = "<config>") -> Prepared:
     """Load the prepared data for `cfg`, or explain which prepare command makes it."""
-    import datasets
-
-    from pipeline.data.runner import PREPARED, data_config_fingerprint
+    from pipeline.data.runner import PREPARED, data_config_fingerprint, load_stage
 
     pointer = cfg.data_dir / PREPARED
-    cmd = f"python pipeline/prepare.py --config {config_path}"
+    cmd = prepare_command(cfg, config_path)
     if not pointer.is_file():
         raise FileNotFoundError(f"no prepared data at {cfg.data_dir}: run `{cmd}` first")
-    info = artifacts.read_json(pointer)
+    try:
+        info = artifacts.read_json(pointer)
+    except ValueError as e:  # damaged on disk; prepare writes it again
+        raise ValueError(f"{e}; run `{cmd}` to write it again") from None
     if info.get("config_fingerprint") != data_config_fingerprint(cfg):
         raise ValueError(
             f"the prepared data in {cfg.data_dir} was made with other data settings than this config; "
@@ -38,7 +52,7 @@ def load_prepared(cfg: Config, config_path: str = "<config>") -> Prepared:
     if not artifacts.is_complete(stage_dir):
         raise FileNotFoundError(f"prepared data {stage_dir} is missing or incomplete: run `{cmd}`")
     return Prepared(
-        splits=datasets.load_from_disk(str(stage_dir / "data")),
+        splits=load_stage(stage_dir, "tokenize", cmd),
         tokenizer_dir=stage_dir / "tokenizer",
         label_names=list(info["label_names"]),
         fingerprint=info["fingerprint"],

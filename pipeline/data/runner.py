@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from pipeline.data.common import StageContext, StageResult, num_rows
 
 PREPARED = "prepared.json"
 STAGE_NAMES = ("load", "clean", "dedup", "split", "label", "tokenize")
+SECTION_OF = {"load": "source"}  # the config section of a stage not named after it
 
 
 @dataclass
@@ -120,22 +122,28 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
         raise ValueError(f"--from {from_stage!r} is not a stage; stages: {', '.join(STAGE_NAMES)}")
     first_forced = 0 if force else (STAGE_NAMES.index(from_stage) if from_stage else len(STAGE_NAMES))
     stages_root = cfg.data_dir / "stages"
-    artifacts.remove_stale_temporaries(stages_root)
+    for folder in (stages_root, cfg.data_dir):  # stage folders; prepared.json and report.json
+        artifacts.remove_stale_temporaries(folder)
+    _check_output_outside_input(cfg)
     input_fp = sources.fingerprint(cfg.source)
+    if cfg.tokenize.kind == "pretrained":  # a mistyped tokenizer path fails now, not after five stages
+        from pipeline.data.encode import local_tokenizer
+
+        local_tokenizer(pretrained_tokenizer_name(cfg))
     data, data_dir, rows, manifests = None, None, [], {}
     for k, stage in enumerate(stage_table(cfg)):
         fp = artifacts.fingerprint(stage.name, code_fingerprint(stage.fn), _config_dicts(stage.config), input_fp)
         out = stages_root / f"{k}-{stage.name}-{fp}"
-        if k >= first_forced and out.exists():
-            shutil.rmtree(out)
         t0 = time.perf_counter()
-        if artifacts.is_complete(out):
-            man = artifacts.read_json(out / artifacts.MANIFEST)
+        # a forced stage is replaced when its new copy is complete, never deleted first: a kill
+        # in the middle of rmtree could leave its manifest next to half of its data
+        man = _cached_manifest(out) if k < first_forced else None
+        if man is not None:
             rows.append({**_row(man), "cached": True, "seconds": round(time.perf_counter() - t0, 3)})
             data = None  # loaded lazily, only if a later stage must run
         else:
             if data is None and data_dir is not None:
-                data = _load(data_dir)
+                data = load_stage(data_dir, STAGE_NAMES[k - 1])
             data, man = _run_stage(stage, data, out, fp, input_fp, cfg, progress)
             rows.append({**_row(man), "cached": False})
         input_fp, data_dir, manifests[stage.name] = fp, out, man
@@ -152,10 +160,61 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
     return rows
 
 
+def _check_output_outside_input(cfg: Config) -> None:
+    """Stages written inside a source folder would change its fingerprint (and its classes) every run."""
+    from pipeline.data import sources
+
+    if cfg.source.format == "hub" and not Path(cfg.source.path).exists():
+        return
+    src = sources.resolve_path(cfg.source).resolve()
+    if src.is_dir() and cfg.data_dir.resolve().is_relative_to(src):
+        raise ValueError(f"output_dir {cfg.output_dir} is inside source.path {src}: each run would change the input "
+                         f"it reads; put output_dir outside it")
+
+
+def _cached_manifest(out: Path) -> dict | None:
+    """The manifest of a complete stage; one damaged on disk makes the stage run again."""
+    if not artifacts.is_complete(out):
+        return None
+    try:
+        return artifacts.read_json(out / artifacts.MANIFEST)
+    except ValueError as e:
+        print(f"warning: {e}; running the stage again", file=sys.stderr)
+        return None
+
+
 def _load(stage_dir: Path) -> Any:
     import datasets
 
     return datasets.load_from_disk(str(stage_dir / "data"))
+
+
+def load_stage(stage_dir: Path, name: str, command: str = "") -> Any:
+    """A complete stage from an earlier run; one that no longer loads (damaged on disk, or written
+    by a version with a bug) is named with the command that rebuilds it."""
+    try:
+        return _load(stage_dir)
+    except Exception as e:  # noqa: BLE001 - datasets raises many types for a folder it cannot read
+        fix = f"`{command} --from {name}`" if command else f"--from {name}"
+        raise ValueError(f"stage {stage_dir} cannot be read ({type(e).__name__}: {e}); rebuild it with {fix}") from None
+
+
+def _check_readable(data: Any, name: str) -> None:
+    """Splits with different columns are a stage's bug (datasets skips work on empty ones)."""
+    if hasattr(data, "num_rows") and isinstance(data.num_rows, int):
+        return
+    features = {k: d.features for k, d in data.items()}
+    if len({repr(f) for f in features.values()}) > 1:
+        raise ValueError(f"stage '{name}' made splits with different columns, nothing was saved: {features}")
+
+
+def _save(data: Any, folder: Path) -> None:
+    """save_to_disk, with one shard for each empty dataset: datasets writes zero shards for one,
+    and load_from_disk then fails (IndexError) on the folder it wrote itself."""
+    if hasattr(data, "num_rows") and isinstance(data.num_rows, int):
+        data.save_to_disk(str(folder), num_shards=1 if data.num_rows == 0 else None)
+    else:
+        data.save_to_disk(str(folder), num_shards={k: 1 for k, d in data.items() if d.num_rows == 0})
 
 
 def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, cfg: Config, progress: bool):
@@ -168,11 +227,13 @@ def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, cfg: 
         ctx = StageContext(out_dir=tmp, num_proc=max(cfg.dedup.num_proc, cfg.tokenize.num_proc), progress=progress)
         result = stage.run(data, ctx)
         if num_rows(result.data) == 0:
+            section = SECTION_OF.get(stage.name, stage.name)
             raise ValueError(
                 f"stage '{stage.name}' left no rows (dropped: {result.dropped or 'none'}); "
-                f"loosen its settings in the [{stage.name}] section of the config"
+                f"loosen its settings in the config's `{section}` section ({section}.*)"
             )
-        result.data.save_to_disk(str(tmp / "data"))
+        _save(result.data, tmp / "data")
+        _check_readable(_load(tmp), stage.name)  # a stage that cannot be read back is never marked complete
         man = artifacts.manifest(
             stage=stage.name,
             fingerprint=fp,

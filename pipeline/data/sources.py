@@ -60,6 +60,8 @@ def resolve_path(cfg: SourceConfig) -> Path:
     path = Path(cfg.path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"source.path: {path.resolve()} not found; point source.path at an existing file or folder")
+    if not (path.is_file() or path.is_dir()):  # a FIFO or device would block the reader forever
+        raise ValueError(f"source.path: {path} is not a regular file or folder")
     return path
 
 
@@ -70,7 +72,11 @@ def fingerprint(cfg: SourceConfig) -> str:
         content = artifacts.tree_fingerprint(local) if local.exists() else ""
         return artifacts.fingerprint("hub", cfg.path, cfg.hub_config, list(cfg.hub_splits), content)
     # the readers' code is fingerprinted by the runner with the load stage (its module list)
-    return artifacts.tree_fingerprint(resolve_path(cfg))
+    path = resolve_path(cfg)
+    try:
+        return artifacts.tree_fingerprint(path)
+    except OSError as e:
+        raise ValueError(f"{e.filename or path}: cannot read: {e.strerror or e}") from None
 
 
 # ---------------------------------------------------------------- the stage
@@ -86,13 +92,26 @@ def load(cfg: SourceConfig, ctx: StageContext) -> StageResult:
         table, dropped, where = _read_hub(cfg), {}, f"hub dataset '{cfg.path}'"
     else:
         path = resolve_path(cfg)
-        table, dropped = readers.READERS[cfg.format](path, cfg)
+        table, dropped = _read_file(path, cfg)
         where = str(path)
     rows_read = table.num_rows
+    if not rows_read:
+        raise ValueError(f"{where}: no rows to read (the input holds no records)")
     table, empty, unsampled = _finish(table, cfg, where)
     dropped = {**dropped, "empty": empty, "not_sampled": unsampled}
     stats = {"format": cfg.format, "source": where, "rows_read": rows_read}
     return StageResult(datasets.Dataset(table), {k: v for k, v in dropped.items() if v}, stats)
+
+
+def _read_file(path: Path, cfg: SourceConfig) -> tuple[pa.Table, dict]:
+    """The format's reader, with what the file system can say about `path` as one line naming it."""
+    if path.is_dir() and cfg.format in ("jsonl", "csv", "tsv"):
+        raise ValueError(f"source.path: {path} is a folder; source.format={cfg.format} reads one file "
+                         f"(source.format=folder reads <label>/*.txt folders)")
+    try:
+        return readers.READERS[cfg.format](path, cfg)
+    except OSError as e:  # permission denied, a FIFO, an I/O error: not a traceback
+        raise ValueError(f"{e.filename or path}: cannot read: {e.strerror or e}") from None
 
 
 def _finish(table: pa.Table, cfg: SourceConfig, where: str) -> tuple[pa.Table, int, int]:

@@ -13,7 +13,7 @@ import re
 from collections import defaultdict
 
 from pipeline.config import DedupConfig, SplitConfig
-from pipeline.data.common import SPLITS, StageContext, StageResult, column, unit_hash
+from pipeline.data.common import SPLITS, StageContext, StageResult, column, map_batches, unit_hash
 
 SOURCE_SPLIT_NAMES = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
                       "val": "validation", "dev": "validation", "test": "test", "testing": "test"}
@@ -85,6 +85,8 @@ def chunk_text(text: str, cfg: SplitConfig) -> list[str]:
 
 
 def _chunk_rows(ds, cfg: SplitConfig):
+    from datasets import Value
+
     def cut(batch):
         out = {k: [] for k in ("id", "text", "label", "chunk")}
         for doc_id, text, label in zip(batch["id"], batch["text"], batch["label"]):
@@ -95,7 +97,8 @@ def _chunk_rows(ds, cfg: SplitConfig):
                 out["chunk"].append(k)
         return out
 
-    return ds.map(cut, batched=True, remove_columns=ds.column_names, desc="chunk")
+    added = {**{k: ds.features[k] for k in ("id", "text", "label")}, "chunk": Value("int64")}
+    return map_batches(ds, cut, added, remove_columns=ds.column_names, desc="chunk")
 
 
 def _leakage(parts: dict, cfg: SplitConfig, dedup_cfg: DedupConfig, ctx: StageContext) -> tuple[dict, dict]:
@@ -132,6 +135,10 @@ def split(ds, cfg: SplitConfig, dedup_cfg: DedupConfig, ctx: StageContext) -> St
     rows: dict[str, list[int]] = {s: [] for s in SPLITS}
     for k, name in enumerate(names):
         rows[name].append(k)
+    if not rows["train"]:  # a tokenizer trained on nothing, and nothing to train on
+        how = ("the source's own split has none; set split.use_source_split=false to split by ratio" if source_kept
+               else f"{len(names)} documents are too few for split.train={cfg.train}")
+        raise ValueError(f"the train split is empty: {how}")
     base = ds.remove_columns("source_split")
     parts = {s: base.select(rows[s]) for s in SPLITS}
     dropped, found = ({}, {}) if cfg.leakage == "off" else _leakage(parts, cfg, dedup_cfg, ctx)

@@ -7,7 +7,7 @@ import dataclasses
 import datasets
 import pytest
 
-from pipeline.config import CleanConfig
+from pipeline.config import CleanConfig, load_config
 from pipeline.data.clean import clean, clean_text
 from pipeline.data.common import StageContext
 
@@ -113,9 +113,9 @@ def test_parallel_map_gives_the_same_rows(tmp_path):
     assert one["text"][7] == "text number 7 [url] &"
 
 
-def test_impossible_length_filters_are_rejected(tmp_path):
+def test_impossible_length_filters_are_rejected_when_the_config_loads():
     with pytest.raises(ValueError, match=r"clean.max_chars \(5\) is below clean.min_chars \(10\)"):
-        clean(_dataset(["x"]), dataclasses.replace(DEFAULT, min_chars=10, max_chars=5), StageContext(out_dir=tmp_path))
+        load_config(None, ["clean.min_chars=10", "clean.max_chars=5"])
 
 
 def test_everything_dropped_leaves_zero_rows_and_the_counts(tmp_path):
