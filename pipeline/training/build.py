@@ -58,8 +58,6 @@ def build_model(cfg: Config, tok, label_names: list[str]):
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tok.pad_token_id
         return model
-    if m.hidden_size % m.num_heads:
-        raise ValueError(f"model.hidden_size={m.hidden_size} must be divisible by model.num_heads={m.num_heads}")
     positions = max(cfg.tokenize.max_length, 8)
     positions = -(-positions // 8) * 8  # room for padding to a multiple of 8
     if m.from_scratch == "bert":

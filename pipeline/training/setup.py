@@ -102,14 +102,18 @@ def _resolve_resume(acc, run_dir: Path, resume: str | None, config_path: str) ->
 
 
 def _load_data(cfg: Config, config_path: str):
-    from pipeline.data.prepared import load_prepared
+    from pipeline.data.prepared import load_prepared, prepare_command
 
     prep = load_prepared(cfg, config_path)
     for split in ("train", "validation"):
         missing = {"input_ids", "label", "length"} - set(prep.splits[split].column_names) if split in prep.splits else {"split"}
         if missing:
             raise ValueError(f"prepared data in {cfg.data_dir} lacks {split} {sorted(missing)}; "
-                             f"rerun `python pipeline/prepare.py --config {config_path}`")
+                             f"rerun `{prepare_command(cfg, config_path)}`")
+    if len(prep.splits["validation"]) == 0:  # validation picks the best checkpoint and reports progress
+        raise ValueError(f"the prepared validation split in {cfg.data_dir} is empty (split.validation="
+                         f"{cfg.split.validation}); training evaluates on it: set split.validation above 0 and rerun "
+                         f"prepare")
     return prep
 
 

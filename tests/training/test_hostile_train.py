@@ -4,6 +4,7 @@ checkpoints torn by a crash are named and passed over, never a traceback."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 from trainkit import records, run_dir, run_train
 
@@ -74,3 +75,24 @@ def test_a_corrupt_state_json_is_named_and_passed_over(prepared, fresh_accelerat
     path, warnings = checkpoint.find_resume(root)
     assert path is not None and path != newest
     assert any(str(newest) in w and "state.json" in w for w in warnings)
+
+
+def test_an_empty_validation_split_is_refused_before_training(prepared, fresh_accelerate):
+    import pytest
+
+    import datasets
+
+    from pipeline import artifacts
+    from pipeline.data import runner
+
+    config = prepared()
+    info = artifacts.read_json(run_dir(config).parent / "data" / runner.PREPARED)
+    data = Path(info["stage_dir"]) / "data"
+    splits = datasets.load_from_disk(str(data))
+    splits["validation"] = splits["validation"].select([])  # what split.validation=0 prepares
+    runner._save(splits, data.with_name("data-new"))
+    shutil.rmtree(data)
+    data.with_name("data-new").rename(data)
+    with pytest.raises(ValueError, match=r"validation split .* is empty .*set split.validation above 0"):
+        train(load_config(config), str(config))
+    assert not (run_dir(config) / "checkpoints").exists()
