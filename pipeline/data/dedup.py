@@ -75,10 +75,11 @@ def _exact_groups(norm: list[str], rank) -> np.ndarray:
     return kept
 
 
-def _near_clusters(reps: np.ndarray, texts: list[str], cfg: DedupConfig) -> tuple[np.ndarray, object, dict]:
+def _near_clusters(reps: np.ndarray, norm: list[str], cfg: DedupConfig) -> tuple[np.ndarray, object, dict]:
     """Union-find label of each representative (R,), exact Jaccard of pairs of them (a function
-    of (K, 2) positions in reps), and stats."""
-    sk, procs = minhash.sketch([texts[i] for i in reps.tolist()], cfg, cfg.num_proc)
+    of (K, 2) positions in reps), and stats. Sketched from the normalized texts, which have the
+    raw texts' shingles and are folded already."""
+    sk, procs = minhash.sketch([norm[i] for i in reps.tolist()], cfg, cfg.num_proc, normalized=True)
     found = minhash.near_duplicate_pairs(sk, cfg)
     stats = {
         "candidate_pairs": found.candidates,
@@ -114,7 +115,7 @@ def plan_dedup(texts: list[str], ids: list[str], cfg: DedupConfig) -> Plan:
     stats: dict = {"method": cfg.method}
     kept_rep, sim_rep = reps, np.ones(len(reps))
     if cfg.method == "minhash":
-        labels, jaccard, more = _near_clusters(reps, texts, cfg)
+        labels, jaccard, more = _near_clusters(reps, norm, cfg)
         stats.update(more)
         kept_rep, sim_rep = _kept_per_rep(reps, labels, jaccard, rank)
     at = np.searchsorted(reps, group)  # (N,) each row's exact group, as a position in reps

@@ -98,8 +98,8 @@ class Sketch:
     offsets: np.ndarray  # (N+1,) int64
 
 
-def _sketch_chunk(texts: list[str], unit: str, n: int, num_perm: int, seed: int) -> Sketch:
-    hashes, offsets = shingle_hashes(texts, unit, n)
+def _sketch_chunk(texts: list[str], unit: str, n: int, num_perm: int, seed: int, normalized: bool) -> Sketch:
+    hashes, offsets = shingle_hashes(texts, unit, n, normalized)
     return Sketch(signatures_from_hashes(hashes, offsets, num_perm, seed), hashes, offsets)
 
 
@@ -108,12 +108,12 @@ def _as_list(texts) -> list[str]:
     return texts if isinstance(texts, list) else list(texts[:])
 
 
-def sketch(texts: list[str], cfg, num_proc: int = 1) -> tuple[Sketch, int]:
+def sketch(texts: list[str], cfg, num_proc: int = 1, normalized: bool = False) -> tuple[Sketch, int]:
     """Shingle and sign `texts` with `cfg` (a DedupConfig); returns the sketch and the number of
-    processes used. Each text's result depends on that text alone, so any split into contiguous
-    chunks over processes gives the same arrays as one process."""
+    processes used (normalized: see `shingle_hashes`). Each text's result depends on that text
+    alone, so any split into contiguous chunks over processes gives the same arrays as one process."""
     texts = _as_list(texts)
-    args = (cfg.shingle, cfg.ngram, cfg.num_perm, cfg.seed)
+    args = (cfg.shingle, cfg.ngram, cfg.num_perm, cfg.seed, normalized)
     procs = max(1, min(num_proc, len(texts) // _MIN_DOCS_PER_PROC))
     if procs == 1:
         return _sketch_chunk(texts, *args), 1

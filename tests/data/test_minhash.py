@@ -58,6 +58,9 @@ def test_shingle_hashes_agree_with_shingle_strings(unit, n):
         for s, h in zip(strings, hashes[offsets[i] : offsets[i + 1]].tolist()):
             assert seen.setdefault(s, h) == h  # equal shingles, equal hashes
     assert len(set(seen.values())) == len(seen)  # different shingles, different hashes
+    again = minhash.shingle_hashes([minhash.normalize_text(t) for t in texts], unit, n, normalized=True)
+    np.testing.assert_array_equal(again[0], hashes)
+    np.testing.assert_array_equal(again[1], offsets)
 
 
 def test_text_hashes_equal_exactly_for_equal_texts():
