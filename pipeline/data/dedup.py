@@ -90,9 +90,24 @@ def _near_clusters(reps: np.ndarray, norm: list[str], cfg: DedupConfig) -> tuple
         "lsh_rows": found.rows,
         "signature_processes": procs,
     }
-    # clusters join verified pairs only, so the pairs asked about are among the candidates' sets
-    jaccard = lambda pairs: (found.sets or minhash.ShingleSets(sk, pairs)).jaccard(pairs)  # noqa: E731
-    return minhash.union_find(len(reps), found.pairs), jaccard, stats
+    return minhash.union_find(len(reps), found.pairs), lambda pairs: _jaccard(sk, found, pairs), stats
+
+
+def _jaccard(sk, found, pairs: np.ndarray) -> np.ndarray:
+    """(K,) exact Jaccard of pairs (K, 2) of sketched texts in the same clusters: a verified pair's
+    own where it is one (most members join their kept text directly), else from the candidates'
+    shingle sets, which hold every clustered text (clusters join verified pairs only)."""
+    if found.sets is None:  # the check used estimates; the report's similarities are exact anyway
+        return minhash.ShingleSets(sk, pairs).jaccard(pairs)
+    pairs = np.sort(pairs, axis=1)  # i < j, as the verified pairs are
+    known = found.pairs[:, 0] * len(sk.sig) + found.pairs[:, 1]  # ascending: band_candidates sorts
+    code = pairs[:, 0] * len(sk.sig) + pairs[:, 1]
+    at = np.minimum(np.searchsorted(known, code), max(len(known) - 1, 0))
+    hit = known[at] == code
+    sim = np.empty(len(pairs))
+    sim[hit] = found.similarity[at[hit]]
+    sim[~hit] = found.sets.jaccard(pairs[~hit])
+    return sim
 
 
 def _kept_per_rep(reps: np.ndarray, labels: np.ndarray, jaccard, rank) -> tuple[np.ndarray, np.ndarray]:
