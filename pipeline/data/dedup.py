@@ -157,7 +157,7 @@ def _report_order(removed: np.ndarray, kept: np.ndarray, sim: np.ndarray, ids: l
 def write_report(plan: Plan, texts: list[str], ids: list[str], path) -> None:
     """One JSON line per cluster: kept id, size, and each removed id with its similarity."""
     rows, kinds = plan.removed.tolist(), ["near" if x else "exact" for x in plan.near.tolist()]
-    bounds = [0, *(np.flatnonzero(np.diff(plan.kept_of)) + 1).tolist(), len(rows)]
+    bounds = np.flatnonzero(np.diff(plan.kept_of, prepend=-1, append=-1)).tolist()  # cluster starts, then the end
     with open(path, "w", encoding="utf-8") as f:
         for s, e in zip(bounds[:-1], bounds[1:]):
             kept = int(plan.kept_of[s])

@@ -91,6 +91,13 @@ def test_exact_method_removes_only_exact_duplicates(tmp_path):
     assert set(read_report(tmp_path / REPORT)) == {"doc000", "doc002"}
 
 
+def test_no_duplicates_keeps_everything_and_writes_an_empty_report(tmp_path):
+    for method in ("exact", "minhash"):
+        result = dedup(dataset(unrelated(30)), DedupConfig(method=method), StageContext(out_dir=tmp_path))
+        assert len(result.data) == 30 and result.dropped == {"exact_duplicate": 0, "near_duplicate": 0}
+        assert (tmp_path / REPORT).read_text() == "" and result.stats["clusters"] == 0
+
+
 def test_none_keeps_everything(tmp_path):
     texts, _ = planted()
     ds = dataset(texts)
