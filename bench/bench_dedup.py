@@ -93,7 +93,8 @@ def shingle_lists(texts: list[str], cfg: DedupConfig) -> list[list[str]]:
 
 def clustered(pairs: set) -> set:
     """Every peer ends as the stage does: with clusters (union-find over its pairs)."""
-    minhash.union_find(1 + max((j for _, j in pairs), default=0), np.array(sorted(pairs), dtype=np.int64).reshape(-1, 2))
+    edges = np.array(sorted(pairs), dtype=np.int64).reshape(-1, 2)
+    minhash.union_find(1 + int(edges.max(initial=0)), edges)
     return pairs
 
 
@@ -254,9 +255,10 @@ def compare(name: str, texts: list[str], cfg: DedupConfig, repeat: int) -> list[
 def machine() -> str:
     info = Path("/proc/cpuinfo").read_text()
     cpu = re.search(r"model name\s*:\s*(.*)", info)
-    flags = " ".join(sorted(set(re.findall(r"\b(avx512_bf16|amx_bf16|avx2)\b", info)))) or "none of avx2/avx512_bf16/amx_bf16"
+    flags = " ".join(sorted(set(re.findall(r"\b(avx512_bf16|amx_bf16|avx2)\b", info)))) or "no avx2"
     versions = ", ".join(f"{p} {version(p)}" for p in ("numpy", "datasketch", "rensa"))
-    return f"{cpu.group(1) if cpu else platform.machine()}, {os.cpu_count()} cores, {flags}; Python {platform.python_version()}, {versions}"
+    name = cpu.group(1) if cpu else platform.machine()
+    return f"{name}, {os.cpu_count()} cores, {flags}; Python {platform.python_version()}, {versions}"
 
 
 def main() -> None:
