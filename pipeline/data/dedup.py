@@ -30,10 +30,14 @@ SNIPPET_CHARS = 200  # text kept per row in the report
 
 @dataclass
 class Plan:
-    """What dedup decided for a list of texts (row indices into that list)."""
+    """What dedup decided for a list of texts (row indices into that list). The removed rows are
+    in report order: by their kept row's id, then similarity (highest first), then rank."""
 
-    keep: list[int]  # rows kept, ascending
-    clusters: list[dict]  # {"kept": row, "removed": [(row, kind, similarity), ...]}, by kept id
+    keep: np.ndarray  # (K,) rows kept, ascending
+    removed: np.ndarray  # (D,) rows removed
+    kept_of: np.ndarray  # (D,) the kept row of each removed row's cluster
+    near: np.ndarray  # (D,) bool: a near duplicate of its kept row (else an exact one)
+    similarity: list[float]  # (D,) Jaccard with the kept row, rounded to 4 places
     stats: dict = field(default_factory=dict)
 
 
@@ -42,27 +46,40 @@ def _rank(norm: list[str], ids: list[str], texts: list[str]):
     return lambda i: (-len(norm[i]), ids[i], texts[i], i)
 
 
-def _exact_groups(norm: list[str], rank) -> tuple[np.ndarray, dict[int, list[int]]]:
-    """Rows kept by exact dedup, one per distinct normalized text: (R,) ascending, and for those
-    that have copies, the copies' rows (a dict keyed by the normalized text finds them)."""
+def _rank_places(rows: np.ndarray, rank) -> np.ndarray:
+    """(M,) each row's place when `rows` are sorted by rank (0 = the one kept first)."""
+    listed = rows.tolist()
+    places = np.empty(len(rows), dtype=np.int64)
+    places[sorted(range(len(rows)), key=lambda k: rank(listed[k]))] = np.arange(len(rows))
+    return places
+
+
+def _best_of_groups(rows: np.ndarray, group: np.ndarray, rank) -> np.ndarray:
+    """(M,) the best-ranked row of each row's group, for rows (M,) with group labels (M,):
+    one sort by rank, then arrays, with no Python loop per group or member."""
+    order = np.lexsort((_rank_places(rows, rank), group))  # by group, the best first
+    head = np.ones(len(rows), dtype=bool)
+    head[1:] = group[order][1:] != group[order][:-1]
+    best = np.empty_like(rows)
+    best[order] = rows[order][head][np.cumsum(head) - 1]
+    return best
+
+
+def _exact_groups(norm: list[str], rank) -> np.ndarray:
+    """(N,) the kept row of each row's exact group (rows with the same normalized text)."""
     seen: dict[str, int] = {}
     first = np.array([seen.setdefault(t, i) for i, t in enumerate(norm)], dtype=np.int64)
-    is_rep = first == np.arange(len(norm))
-    groups: dict[int, list[int]] = {}
-    for i in np.flatnonzero(~is_rep).tolist():
-        groups.setdefault(int(first[i]), [int(first[i])]).append(i)
-    copies: dict[int, list[int]] = {}
-    for rows in groups.values():
-        rows.sort(key=rank)
-        is_rep[rows] = False
-        is_rep[rows[0]] = True
-        copies[rows[0]] = rows[1:]
-    return np.flatnonzero(is_rep), copies
+    kept = np.arange(len(norm))
+    copied = np.flatnonzero(np.bincount(first, minlength=len(norm))[first] > 1)
+    kept[copied] = _best_of_groups(copied, first[copied], rank)
+    return kept
 
 
-def _near_clusters(reps: np.ndarray, texts: list[str], cfg: DedupConfig) -> tuple[np.ndarray, object, dict]:
-    """Union-find label of each representative (R,), the sketch of the representatives, and stats."""
-    sk, procs = minhash.sketch([texts[i] for i in reps.tolist()], cfg, cfg.num_proc)
+def _near_clusters(reps: np.ndarray, norm: list[str], cfg: DedupConfig) -> tuple[np.ndarray, object, dict]:
+    """Union-find label of each representative (R,), exact Jaccard of pairs of them (a function
+    of (K, 2) positions in reps), and stats. Sketched from the normalized texts, which have the
+    raw texts' shingles and are folded already."""
+    sk, procs = minhash.sketch([norm[i] for i in reps.tolist()], cfg, cfg.num_proc, normalized=True)
     found = minhash.near_duplicate_pairs(sk, cfg)
     stats = {
         "candidate_pairs": found.candidates,
@@ -73,58 +90,84 @@ def _near_clusters(reps: np.ndarray, texts: list[str], cfg: DedupConfig) -> tupl
         "lsh_rows": found.rows,
         "signature_processes": procs,
     }
-    return minhash.union_find(len(reps), found.pairs), sk, stats
+    return minhash.union_find(len(reps), found.pairs), lambda pairs: _jaccard(sk, found, pairs), stats
+
+
+def _jaccard(sk, found, pairs: np.ndarray) -> np.ndarray:
+    """(K,) exact Jaccard of pairs (K, 2) of sketched texts in the same clusters: a verified pair's
+    own where it is one (most members join their kept text directly), else from the candidates'
+    shingle sets, which hold every clustered text (clusters join verified pairs only)."""
+    if found.sets is None:  # the check used estimates; the report's similarities are exact anyway
+        return minhash.ShingleSets(sk, pairs).jaccard(pairs)
+    pairs = np.sort(pairs, axis=1)  # i < j, as the verified pairs are
+    known = found.pairs[:, 0] * len(sk.sig) + found.pairs[:, 1]  # ascending: band_candidates sorts
+    code = pairs[:, 0] * len(sk.sig) + pairs[:, 1]
+    at = np.minimum(np.searchsorted(known, code), max(len(known) - 1, 0))
+    hit = known[at] == code
+    sim = np.empty(len(pairs))
+    sim[hit] = found.similarity[at[hit]]
+    sim[~hit] = found.sets.jaccard(pairs[~hit])
+    return sim
+
+
+def _kept_per_rep(reps: np.ndarray, labels: np.ndarray, jaccard, rank) -> tuple[np.ndarray, np.ndarray]:
+    """(R,) the kept row of each representative's near cluster, and (R,) its Jaccard with it."""
+    clustered = np.flatnonzero(np.bincount(labels, minlength=len(reps))[labels] > 1)
+    kept = reps.copy()
+    kept[clustered] = _best_of_groups(reps[clustered], labels[clustered], rank)
+    gone = clustered[kept[clustered] != reps[clustered]]
+    sim = np.ones(len(reps))
+    sim[gone] = jaccard(np.stack([gone, np.searchsorted(reps, kept[gone])], axis=1))
+    return kept, sim
 
 
 def plan_dedup(texts: list[str], ids: list[str], cfg: DedupConfig) -> Plan:
     """Decide which rows to keep (method exact or minhash) and describe every cluster."""
     norm = [minhash.normalize_text(t) for t in texts]
     rank = _rank(norm, ids, texts)
-    reps, copies = _exact_groups(norm, rank)
+    group = _exact_groups(norm, rank)
+    reps = np.flatnonzero(group == np.arange(len(texts)))
     stats: dict = {"method": cfg.method}
-    labels, sk = np.arange(len(reps)), None
+    kept_rep, sim_rep = reps, np.ones(len(reps))
     if cfg.method == "minhash":
-        labels, sk, more = _near_clusters(reps, texts, cfg)
+        labels, jaccard, more = _near_clusters(reps, norm, cfg)
         stats.update(more)
-    removed = _removed_per_kept(reps, copies, labels, sk, rank)
-    keep = np.ones(len(texts), dtype=bool)
-    for rows in removed.values():
-        keep[[r for r, _, _ in rows]] = False
-    by_similarity = lambda row: (-row[2], rank(row[0]))  # noqa: E731
-    order = sorted(removed, key=lambda k: (ids[k], k))  # by kept id: the report does not depend on row order
-    clusters = [{"kept": k, "removed": sorted(removed[k], key=by_similarity)} for k in order]
-    stats["clusters"] = len(clusters)
-    return Plan(np.flatnonzero(keep).tolist(), clusters, stats)
+        kept_rep, sim_rep = _kept_per_rep(reps, labels, jaccard, rank)
+    at = np.searchsorted(reps, group)  # (N,) each row's exact group, as a position in reps
+    kept = kept_rep[at]
+    removed = np.flatnonzero(kept != np.arange(len(texts)))
+    near = group[removed] != kept[removed]  # copies of a removed representative are near too
+    sim = np.array([round(s, 4) for s in np.where(near, sim_rep[at[removed]], 1.0).tolist()])
+    order = _report_order(removed, kept[removed], sim, ids, rank)
+    stats["clusters"] = len(np.unique(kept[removed]))
+    keep = np.flatnonzero(kept == np.arange(len(texts)))
+    return Plan(keep, removed[order], kept[removed][order], near[order], sim[order].tolist(), stats)
 
 
-def _removed_per_kept(reps: np.ndarray, copies: dict, labels: np.ndarray, sk, rank) -> dict[int, list]:
-    """kept row -> [(removed row, "exact" | "near", Jaccard with the kept row)], for every cluster.
-    Only clusters of two or more distinct texts need Python; the rest is the exact copies."""
-    members: dict[int, list[int]] = {}  # label -> positions in reps
-    for pos in np.flatnonzero(np.bincount(labels, minlength=len(reps))[labels] > 1).tolist():
-        members.setdefault(int(labels[pos]), []).append(pos)
-    best = {lab: min(group, key=lambda p: rank(int(reps[p]))) for lab, group in members.items()}
-    near = np.array([[p, best[lab]] for lab, group in members.items() for p in group if p != best[lab]], dtype=np.int64)
-    sim = minhash.exact_jaccard(sk, near).tolist() if len(near) else []
-    removed: dict[int, list] = {k: [(r, "exact", 1.0) for r in rows] for k, rows in copies.items()}
-    for (p, b), s in zip(near.tolist(), sim):
-        kept, gone = int(reps[b]), int(reps[p])
-        removed.setdefault(kept, []).extend((r, "near", round(s, 4)) for r in [gone, *copies.get(gone, [])])
-        removed.pop(gone, None)  # its exact copies now count as near duplicates of `kept`
-    return removed
+def _report_order(removed: np.ndarray, kept: np.ndarray, sim: np.ndarray, ids: list[str], rank) -> np.ndarray:
+    """Order of the removed rows in the report: by kept id (so the report does not depend on row
+    order), then rounded similarity, highest first, then rank."""
+    clusters = np.unique(kept)
+    listed = clusters.tolist()
+    by_id = np.empty(len(clusters), dtype=np.int64)
+    by_id[sorted(range(len(clusters)), key=lambda k: (ids[listed[k]], listed[k]))] = np.arange(len(clusters))
+    return np.lexsort((_rank_places(removed, rank), -sim, by_id[np.searchsorted(clusters, kept)]))
 
 
 def write_report(plan: Plan, texts: list[str], ids: list[str], path) -> None:
     """One JSON line per cluster: kept id, size, and each removed id with its similarity."""
+    rows, kinds = plan.removed.tolist(), ["near" if x else "exact" for x in plan.near.tolist()]
+    bounds = np.flatnonzero(np.diff(plan.kept_of, prepend=-1, append=-1)).tolist()  # cluster starts, then the end
     with open(path, "w", encoding="utf-8") as f:
-        for c in plan.clusters:
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            kept = int(plan.kept_of[s])
             line = {
-                "kept": ids[c["kept"]],
-                "size": 1 + len(c["removed"]),
-                "text": texts[c["kept"]][:SNIPPET_CHARS],
+                "kept": ids[kept],
+                "size": 1 + e - s,
+                "text": texts[kept][:SNIPPET_CHARS],
                 "removed": [
                     {"id": ids[r], "kind": kind, "similarity": sim, "text": texts[r][:SNIPPET_CHARS]}
-                    for r, kind, sim in c["removed"]
+                    for r, kind, sim in zip(rows[s:e], kinds[s:e], plan.similarity[s:e])
                 ],
             }
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
@@ -137,7 +180,7 @@ def dedup(ds, cfg: DedupConfig, ctx: StageContext) -> StageResult:
     texts, ids = ds["text"][:], ds["id"][:]  # whole-column slices: lists, fast (iterating a Column is not)
     plan = plan_dedup(texts, ids, cfg)
     write_report(plan, texts, ids, ctx.out_dir / REPORT)
-    kinds = [kind for c in plan.clusters for _, kind, _ in c["removed"]]
-    dropped = {"exact_duplicate": kinds.count("exact"), "near_duplicate": kinds.count("near")}
-    out = ds.select(np.array(plan.keep, dtype=np.int64)) if len(plan.keep) < len(texts) else ds
+    near = int(plan.near.sum())
+    dropped = {"exact_duplicate": len(plan.near) - near, "near_duplicate": near}
+    out = ds.select(plan.keep) if len(plan.keep) < len(texts) else ds
     return StageResult(out, dropped, {**plan.stats, "report": REPORT})

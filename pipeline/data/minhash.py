@@ -32,6 +32,7 @@ from pipeline.data.shingling import normalize_text, shingles, text_hashes  # noq
 
 _DOCS_PER_BLOCK = 1024  # signature block: (1024, P) uint32 accumulators stay in cache
 _MIN_DOCS_PER_PROC = 2000  # below this a worker process costs more than it saves
+_SORTED_PER_BLOCK = 1 << 22  # shingle ranks sorted at once by ShingleSets.jaccard: 32 MiB of int64
 
 
 # ---------------------------------------------------------------- signatures
@@ -97,8 +98,8 @@ class Sketch:
     offsets: np.ndarray  # (N+1,) int64
 
 
-def _sketch_chunk(texts: list[str], unit: str, n: int, num_perm: int, seed: int) -> Sketch:
-    hashes, offsets = shingle_hashes(texts, unit, n)
+def _sketch_chunk(texts: list[str], unit: str, n: int, num_perm: int, seed: int, normalized: bool) -> Sketch:
+    hashes, offsets = shingle_hashes(texts, unit, n, normalized)
     return Sketch(signatures_from_hashes(hashes, offsets, num_perm, seed), hashes, offsets)
 
 
@@ -107,12 +108,12 @@ def _as_list(texts) -> list[str]:
     return texts if isinstance(texts, list) else list(texts[:])
 
 
-def sketch(texts: list[str], cfg, num_proc: int = 1) -> tuple[Sketch, int]:
+def sketch(texts: list[str], cfg, num_proc: int = 1, normalized: bool = False) -> tuple[Sketch, int]:
     """Shingle and sign `texts` with `cfg` (a DedupConfig); returns the sketch and the number of
-    processes used. Each text's result depends on that text alone, so any split into contiguous
-    chunks over processes gives the same arrays as one process."""
+    processes used (normalized: see `shingle_hashes`). Each text's result depends on that text
+    alone, so any split into contiguous chunks over processes gives the same arrays as one process."""
     texts = _as_list(texts)
-    args = (cfg.shingle, cfg.ngram, cfg.num_perm, cfg.seed)
+    args = (cfg.shingle, cfg.ngram, cfg.num_perm, cfg.seed, normalized)
     procs = max(1, min(num_proc, len(texts) // _MIN_DOCS_PER_PROC))
     if procs == 1:
         return _sketch_chunk(texts, *args), 1
@@ -201,40 +202,51 @@ def band_candidates(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
 
 
 def exact_jaccard(sk: Sketch, pairs: np.ndarray) -> np.ndarray:
-    """(K,) exact Jaccard of the shingle(-hash) sets of each pair, vectorized over all pairs:
-    sort the concatenated unique hashes of both texts per pair; a repeat marks a shared shingle."""
-    if len(pairs) == 0:
-        return np.zeros(0)
-    texts = np.unique(pairs)
-    uniq, uoff = _unique_per_text(sk, texts)
-    pos = np.searchsorted(texts, pairs)  # (K, 2) rows into uniq/uoff
-    size = uoff[pos + 1] - uoff[pos]  # (K, 2) distinct shingles per text
-    per_pair = size.sum(axis=1)
-    pair_of = np.repeat(np.arange(len(pairs)), per_pair)
-    src = _ranges(uoff[pos].ravel(), size.ravel())  # positions in uniq: text i's, then text j's
-    rank = np.unique(uniq, return_inverse=True)[1].ravel()  # dense rank of each hash, < len(uniq)
-    keys = np.sort(pair_of * len(uniq) + rank[src])  # grouped by pair, then by shingle
-    dup = keys[1:] == keys[:-1]  # the same shingle in both texts of a pair
-    shared = np.bincount(keys[1:][dup] // len(uniq), minlength=len(pairs))
-    return shared / (per_pair - shared)
+    """(K,) exact Jaccard of the shingle(-hash) sets of each pair (K, 2) of sketch rows."""
+    return ShingleSets(sk, pairs).jaccard(pairs)
+
+
+class ShingleSets:
+    """The distinct shingles of some sketched texts as dense ranks (U,), sorted within each text,
+    with offsets (T+1,). Built once (one argsort of their hashes), they give the exact Jaccard of
+    any pairs among those texts for one sort of the pairs' ranks, so the check of the candidates
+    and the report's similarities share the work."""
+
+    def __init__(self, sk: Sketch, rows: np.ndarray):
+        self.rows = np.unique(rows)  # (T,) sketch rows
+        counts = sk.offsets[self.rows + 1] - sk.offsets[self.rows]
+        hashes = sk.hashes[_ranges(sk.offsets[self.rows], counts)]
+        order = np.argsort(hashes)
+        new = np.ones(len(hashes), dtype=bool)  # starts a run of equal hashes in sorted order
+        new[1:] = hashes[order][1:] != hashes[order][:-1]
+        self.bits = max(1, int(new.sum()).bit_length())  # a rank fits in the low `bits` bits
+        owner = np.repeat(np.arange(len(self.rows)), counts)[order]
+        keys = np.sort((owner << self.bits) | (np.cumsum(new) - 1))  # by text, then by rank
+        first = np.ones(len(keys), dtype=bool)
+        first[1:] = keys[1:] != keys[:-1]
+        keys = keys[first]  # a shingle repeated in a text counts once
+        self.ranks = keys & ((1 << self.bits) - 1)
+        self.offsets = np.zeros(len(self.rows) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(keys >> self.bits, minlength=len(self.rows)), out=self.offsets[1:])
+
+    def jaccard(self, pairs: np.ndarray) -> np.ndarray:
+        """(K,) exact Jaccard of each pair of rows (all among `rows`). Per block of pairs, both
+        texts' ranks tagged with the pair's index and sorted: a repeat is a shared shingle."""
+        pos = np.searchsorted(self.rows, pairs).reshape(-1, 2)  # (K, 2) into offsets
+        size = self.offsets[pos + 1] - self.offsets[pos]  # (K, 2) distinct shingles per text
+        shared = np.zeros(len(pos), dtype=np.int64)
+        block = max(1, min(_SORTED_PER_BLOCK // max(1, int(size.sum(axis=1).max(initial=0))), 1 << (62 - self.bits)))
+        for s in range(0, len(pos), block):
+            p, sz = pos[s : s + block], size[s : s + block]
+            src = _ranges(self.offsets[p].ravel(), sz.ravel())  # text i's ranks, then text j's
+            keys = np.sort((np.repeat(np.arange(len(p)), sz.sum(axis=1)) << self.bits) | self.ranks[src])
+            shared[s : s + block] = np.bincount(keys[1:][keys[1:] == keys[:-1]] >> self.bits, minlength=len(p))
+        return shared / (size.sum(axis=1) - shared)
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenation of arange(s, s + l) for each start s and length l, without a Python loop."""
     return np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
-
-
-def _unique_per_text(sk: Sketch, texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct shingle hashes of the given texts, concatenated (U,), with offsets (T+1,)."""
-    counts = sk.offsets[texts + 1] - sk.offsets[texts]
-    owner = np.repeat(np.arange(len(texts)), counts)
-    src = _ranges(sk.offsets[texts], counts)
-    order = np.lexsort((sk.hashes[src], owner))  # by text, then by hash
-    vals, owner = sk.hashes[src][order], owner[order]
-    keep = np.concatenate(([True], (vals[1:] != vals[:-1]) | (owner[1:] != owner[:-1])))
-    uoff = np.zeros(len(texts) + 1, dtype=np.int64)
-    np.cumsum(np.bincount(owner[keep], minlength=len(texts)), out=uoff[1:])
-    return vals[keep], uoff
 
 
 def estimated_jaccard(sig: np.ndarray, pairs: np.ndarray) -> np.ndarray:
@@ -248,22 +260,20 @@ def estimated_jaccard(sig: np.ndarray, pairs: np.ndarray) -> np.ndarray:
 
 
 def union_find(n: int, pairs: np.ndarray) -> np.ndarray:
-    """(n,) cluster label of each item: the smallest index in its connected component."""
-    parent = list(range(n))
+    """(n,) cluster label of each item: the smallest index in its connected component.
 
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]  # path halving
-            x = parent[x]
-        return x
-
-    for i, j in pairs.tolist():
-        ri, rj = find(i), find(j)
-        if ri != rj:
-            parent[max(ri, rj)] = min(ri, rj)  # the smaller root wins: labels independent of pair order
+    In numpy, no Python call per pair: each round hooks the larger label of every pair's two
+    labels onto the smaller, then jumps pointers until every label is a root. Labels only ever
+    point to a smaller index of the same component, and the rounds stop when both ends of every
+    pair share a root, which is then the component's smallest index (the only one that is its own
+    label)."""
     labels = np.arange(n, dtype=np.int64)
-    touched = np.unique(pairs)
-    labels[touched] = [find(i) for i in touched.tolist()]
+    i, j = pairs[:, 0], pairs[:, 1]
+    while not np.array_equal(labels[i], labels[j]):
+        li, lj = labels[i], labels[j]
+        np.minimum.at(labels, np.maximum(li, lj), np.minimum(li, lj))
+        while not np.array_equal(labels[labels], labels):
+            labels = labels[labels]
     return labels
 
 
@@ -274,6 +284,7 @@ class PairResult:
     candidates: int  # candidate pairs from LSH before the check
     bands: int
     rows: int
+    sets: ShingleSets | None  # the candidates' shingle sets when verified: more exact Jaccard cheaply
 
 
 def near_duplicate_pairs(sk: Sketch, cfg, threshold: float | None = None) -> PairResult:
@@ -282,9 +293,10 @@ def near_duplicate_pairs(sk: Sketch, cfg, threshold: float | None = None) -> Pai
     threshold = cfg.threshold if threshold is None else threshold
     b, r = lsh_params(threshold, cfg.num_perm, cfg.bands, cfg.rows, cfg.verify)
     cand = band_candidates(sk.sig, b, r)
-    sim = exact_jaccard(sk, cand) if cfg.verify else estimated_jaccard(sk.sig, cand)
+    sets = ShingleSets(sk, cand) if cfg.verify else None
+    sim = sets.jaccard(cand) if sets is not None else estimated_jaccard(sk.sig, cand)
     ok = sim >= threshold - 1e-12
-    return PairResult(cand[ok], sim[ok], len(cand), b, r)
+    return PairResult(cand[ok], sim[ok], len(cand), b, r, sets)
 
 
 def _sharing_a_band(sig: np.ndarray, other: np.ndarray, bands: int, rows: int) -> np.ndarray:

@@ -109,8 +109,8 @@ def text_hashes(texts: list[str]) -> np.ndarray:
     return _SpanHasher(cp)(starts[:-1], starts[1:])
 
 
-def _word_ngrams(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
-    folded = [t.casefold() for t in texts]
+def _word_ngrams(texts: list[str], n: int, normalized: bool) -> tuple[np.ndarray, np.ndarray]:
+    folded = texts if normalized else [t.casefold() for t in texts]
     cp, starts = _code_points(folded)
     span = _SpanHasher(cp)
     word = _is_word_char(cp)
@@ -138,8 +138,9 @@ def _word_ngrams(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
     return h, offsets
 
 
-def _char_ngrams(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
-    cp, starts = _code_points([normalize_text(t) for t in texts])  # per text in C: cheaper than numpy
+def _char_ngrams(texts: list[str], n: int, normalized: bool) -> tuple[np.ndarray, np.ndarray]:
+    # normalized per text in C: cheaper than a numpy whitespace pass
+    cp, starts = _code_points(texts if normalized else [normalize_text(t) for t in texts])
     lengths = np.diff(starts)
     count = np.maximum(lengths - n + 1, 1)
     offsets = np.zeros(len(texts) + 1, dtype=np.int64)
@@ -149,9 +150,11 @@ def _char_ngrams(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
     return _SpanHasher(cp)(s, np.minimum(s + n, starts[1:][doc])), offsets
 
 
-def shingle_hashes(texts: list[str], unit: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+def shingle_hashes(texts: list[str], unit: str, n: int, normalized: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """64-bit hashes of every shingle (S,) uint64 and per-text offsets (N+1,): text i owns
-    hashes[offsets[i]:offsets[i+1]] (at least one). Equal shingles (see `shingles`) hash equally."""
+    hashes[offsets[i]:offsets[i+1]] (at least one). Equal shingles (see `shingles`) hash equally.
+    normalized: the texts are `normalize_text`'s output, whose shingles are the raw texts' (case
+    folding is idempotent and whitespace is never part of a word), so folding again is skipped."""
     if not texts:
         return np.zeros(0, dtype=U64), np.zeros(1, dtype=np.int64)
     fn = _char_ngrams if unit == "char" else _word_ngrams
@@ -160,7 +163,7 @@ def shingle_hashes(texts: list[str], unit: str, n: int) -> tuple[np.ndarray, np.
     bounds = [0, *(np.flatnonzero(np.diff(batch)) + 1).tolist(), len(texts)]
     parts, offsets = [], [np.zeros(1, dtype=np.int64)]
     for s, e in zip(bounds[:-1], bounds[1:]):
-        h, off = fn(texts[s:e], n)
+        h, off = fn(texts[s:e], n, normalized)
         parts.append(h)
         offsets.append(off[1:] + offsets[-1][-1])
     return np.concatenate(parts), np.concatenate(offsets)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from datasets import Dataset
 
 from pipeline.config import DedupConfig
@@ -90,6 +91,13 @@ def test_exact_method_removes_only_exact_duplicates(tmp_path):
     assert set(read_report(tmp_path / REPORT)) == {"doc000", "doc002"}
 
 
+def test_no_duplicates_keeps_everything_and_writes_an_empty_report(tmp_path):
+    for method in ("exact", "minhash"):
+        result = dedup(dataset(unrelated(30)), DedupConfig(method=method), StageContext(out_dir=tmp_path))
+        assert len(result.data) == 30 and result.dropped == {"exact_duplicate": 0, "near_duplicate": 0}
+        assert (tmp_path / REPORT).read_text() == "" and result.stats["clusters"] == 0
+
+
 def test_none_keeps_everything(tmp_path):
     texts, _ = planted()
     ds = dataset(texts)
@@ -123,3 +131,93 @@ def test_two_processes_give_the_same_output(tmp_path):
         assert result.stats["signature_processes"] == procs
         outs.append((result.data["id"], result.dropped, (tmp_path / str(procs) / REPORT).read_text()))
     assert outs[0] == outs[1] and outs[0][1] == {"exact_duplicate": 10, "near_duplicate": 30}
+
+
+# ---------------------------------------------------------------- a slow reference of the whole plan
+
+
+def reference_plan(texts: list[str], ids: list[str], cfg: DedupConfig) -> tuple[list[int], list[str]]:
+    """The dedup decision written plainly (Python sets, dicts, one loop per pair and per member):
+    kept rows and the report's lines, for the vectorized stage to match byte for byte. Only the
+    LSH candidates come from minhash.py (their equality with MinHashLSH is tested there)."""
+    norm = [minhash.normalize_text(t) for t in texts]
+    rank = lambda i: (-len(norm[i]), ids[i], texts[i], i)  # noqa: E731
+    groups: dict[str, list[int]] = {}
+    for i, t in enumerate(norm):
+        groups.setdefault(t, []).append(i)
+    copies = {min(rows, key=rank): sorted(rows, key=rank)[1:] for rows in groups.values()}
+    reps = sorted(copies)
+    sk, _ = minhash.sketch([texts[i] for i in reps], cfg)
+    sets = [set(sk.hashes[sk.offsets[p] : sk.offsets[p + 1]].tolist()) for p in range(len(reps))]
+    jac = lambda p, q: len(sets[p] & sets[q]) / len(sets[p] | sets[q])  # noqa: E731
+    parent = list(range(len(reps)))
+    root = lambda p: p if parent[p] == p else root(parent[p])  # noqa: E731
+    if cfg.method == "minhash":
+        b, r = minhash.lsh_params(cfg.threshold, cfg.num_perm, cfg.bands, cfg.rows, cfg.verify)
+        for p, q in minhash.band_candidates(sk.sig, b, r).tolist():
+            est = float(np.mean(sk.sig[p] == sk.sig[q]))
+            if (jac(p, q) if cfg.verify else est) >= cfg.threshold - 1e-12:
+                parent[max(root(p), root(q))] = min(root(p), root(q))
+    members: dict[int, list[int]] = {}
+    for p in range(len(reps)):
+        members.setdefault(root(p), []).append(p)
+    removed: dict[int, list] = {}
+    for group in members.values():
+        best = min(group, key=lambda p: rank(reps[p]))
+        rows = [(c, "exact", 1.0) for c in copies[reps[best]]]
+        for p in group:
+            if p != best:
+                rows += [(c, "near", round(jac(p, best), 4)) for c in [reps[p], *copies[reps[p]]]]
+        if rows:
+            removed[reps[best]] = sorted(rows, key=lambda row: (-row[2], rank(row[0])))
+    lines = []
+    for k in sorted(removed, key=lambda k: (ids[k], k)):
+        out = [{"id": ids[c], "kind": kind, "similarity": s, "text": texts[c][:200]} for c, kind, s in removed[k]]
+        line = {"kept": ids[k], "size": 1 + len(out), "text": texts[k][:200], "removed": out}
+        lines.append(json.dumps(line, ensure_ascii=False) + "\n")
+    gone = {c for rows in removed.values() for c, _, _ in rows}
+    return [i for i in range(len(texts)) if i not in gone], lines
+
+
+def tangled() -> tuple[list[str], list[str]]:
+    """Planted clusters that exercise every rule of the kept row and the report: chains
+    (A~B~C with A and C apart), ties in length broken by id, exact copies of kept and of removed
+    rows (in other case and spacing), a large cluster, similarities that round alike; ids shuffled
+    so that row order, id order and rank all differ."""
+    rng = np.random.default_rng(11)
+    texts = unrelated(400, words=24, seed=3)
+    chain = [texts[0]]
+    for k in range(6):  # each link edits 3 more words: neighbours J ~ 0.6, the ends far apart
+        chain.append(edit(chain[-1], [3 * k + 1, 3 * k + 2, 3 * k + 3], f"c{k}"))
+    texts += chain[1:]
+    texts += [edit(texts[1], [p], f"t{p}") for p in (5, 9, 13, 17)]  # same length: ties by id
+    texts += [texts[1].upper(), "  " + texts[402], texts[405] + "  ", texts[2] + " tail words"]
+    texts += [edit(texts[3], list(rng.choice(24, 2, replace=False)), f"big{k}") for k in range(40)]
+    texts += [texts[4], edit(texts[4], [0], "x"), edit(texts[4], [23], "y") + " more"]
+    for k in range(60):  # noise: near copies of random unrelated texts
+        texts.append(edit(texts[20 + k], list(rng.choice(24, 1 + k % 6, replace=False)), f"n{k}"))
+    ids = [f"id{v:04d}" for v in rng.permutation(len(texts)).tolist()]
+    return texts, ids
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        DedupConfig(method="minhash", threshold=0.5),
+        DedupConfig(method="minhash", threshold=0.8),
+        DedupConfig(method="minhash", threshold=0.6, num_perm=64, bands=8, rows=4),
+        DedupConfig(method="minhash", threshold=0.5, verify=False),
+        DedupConfig(method="minhash", shingle="char", ngram=5, threshold=0.7),
+        DedupConfig(method="exact"),
+    ],
+    ids=["t0.5", "t0.8", "bands", "estimate", "char", "exact"],
+)
+def test_plan_and_report_equal_the_slow_reference(tmp_path, cfg):
+    texts, ids = tangled()
+    keep, lines = reference_plan(texts, ids, cfg)
+    result = dedup(dataset(texts, ids), cfg, StageContext(out_dir=tmp_path))
+    assert (tmp_path / REPORT).read_text(encoding="utf-8") == "".join(lines)
+    assert result.data["id"] == [ids[i] for i in keep]
+    sizes = [json.loads(line)["size"] for line in lines]
+    if cfg.method == "minhash" and cfg.threshold == 0.5:
+        assert max(sizes) >= 30 and len(sizes) >= 25  # the planted clusters are really there

@@ -58,6 +58,9 @@ def test_shingle_hashes_agree_with_shingle_strings(unit, n):
         for s, h in zip(strings, hashes[offsets[i] : offsets[i + 1]].tolist()):
             assert seen.setdefault(s, h) == h  # equal shingles, equal hashes
     assert len(set(seen.values())) == len(seen)  # different shingles, different hashes
+    again = minhash.shingle_hashes([minhash.normalize_text(t) for t in texts], unit, n, normalized=True)
+    np.testing.assert_array_equal(again[0], hashes)
+    np.testing.assert_array_equal(again[1], offsets)
 
 
 def test_text_hashes_equal_exactly_for_equal_texts():
@@ -117,6 +120,35 @@ def test_exact_jaccard_matches_python_sets():
     pairs = np.array([(i, j) for i in range(len(texts)) for j in range(i + 1, len(texts)) if (i + j) % 5 == 0])
     got = minhash.exact_jaccard(sk, pairs)
     np.testing.assert_allclose(got, [jaccard(texts[i], texts[j], cfg) for i, j in pairs.tolist()])
+
+
+def test_exact_jaccard_in_small_blocks_and_shared_sets(monkeypatch):
+    cfg = DedupConfig()
+    texts = make_texts(40, words=12) + [edit(t, [2, 7]) for t in make_texts(40, words=12)] + HORRIBLE
+    sk, _ = minhash.sketch(texts, cfg)
+    pairs = np.array([(i, j) for i in range(len(texts)) for j in range(i + 1, len(texts)) if (i * j) % 7 == 1])
+    expected = [jaccard(texts[i], texts[j], cfg) for i, j in pairs.tolist()]
+    monkeypatch.setattr(minhash, "_SORTED_PER_BLOCK", 50)  # a few pairs per sort
+    sets = minhash.ShingleSets(sk, pairs)
+    np.testing.assert_array_equal(sets.jaccard(pairs), minhash.exact_jaccard(sk, pairs))
+    np.testing.assert_allclose(sets.jaccard(pairs[::-1]), expected[::-1])
+    assert len(minhash.exact_jaccard(sk, np.zeros((0, 2), dtype=np.int64))) == 0
+
+
+def plain_union_find(n: int, pairs: list) -> list[int]:
+    label = list(range(n))
+    for _ in range(n):  # relax until nothing changes: the smallest index reaches its whole component
+        for i, j in pairs:
+            label[i] = label[j] = min(label[i], label[j])
+    return label
+
+
+def test_union_find_equals_a_plain_relaxation_on_chains_and_random_graphs():
+    rng = np.random.default_rng(4)
+    chain = [(k, k + 1) for k in range(50)][::-1] + [(90, 60), (60, 75)]  # long, reversed, unsorted
+    for pairs in [chain, *[rng.integers(0, 120, size=(m, 2)).tolist() for m in (10, 60, 200)]]:
+        got = minhash.union_find(120, np.array(pairs, dtype=np.int64))
+        assert got.tolist() == plain_union_find(120, pairs)
 
 
 def test_union_find_labels_components_by_smallest_member():
