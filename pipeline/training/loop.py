@@ -246,9 +246,10 @@ def _save(s: Setup, metrics: dict | None) -> Path:
 
 def _finish(s: Setup) -> int:
     """After the last step: the final export (a checkpoint of the last step exists already)."""
+    weights = s.acc.get_state_dict(s.model)  # the full state dict: a collective under FSDP/ZeRO-3
     if s.acc.is_main_process:
         state = {"step": s.pos.step, "epoch": s.pos.epoch, "best": dict(s.best), "fingerprints": s.fingerprints}
-        rundir.export_final(s.acc.unwrap_model(s.model), s.tok, s.run_dir / "final", state)
+        rundir.export_final(s.acc.unwrap_model(s.model), s.tok, s.run_dir / "final", state, weights)
         summary: dict[str, Any] = {"step": s.pos.step, "best": s.best, "final": str(s.run_dir / "final")}
         s.log.write({"step": s.pos.step, "event": "finished", **summary})
         print(f"finished at step {s.pos.step}; final model: {s.run_dir / 'final'}; best {s.best}", flush=True)
