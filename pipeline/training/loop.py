@@ -69,8 +69,9 @@ def _run(s: Setup, stop: signals.StopFlag) -> int:
     while pos.step < s.total_steps:
         order = batching.epoch_order(s.lengths, t.seed, pos.epoch, t.batch_size * acc.num_processes, t.group_by_length)
         sampler = batching.RankBatches(order, acc.process_index, t.batch_size, pos.batch_in_epoch, per_epoch)
-        for batch in batching.make_loader(s.train_ds, sampler, s.collate, t.num_workers):
-            batch = {k: v.to(acc.device) for k, v in batch.items()}
+        gpu = acc.device.type == "cuda"
+        for batch in batching.make_loader(s.train_ds, sampler, s.collate, t.num_workers, pin_memory=gpu):
+            batch = {k: v.to(acc.device, non_blocking=gpu) for k, v in batch.items()}  # pinned: async copy
             with acc.accumulate(s.model), anomaly_mode:
                 loss = s.model(**batch).loss  # mean over this micro-batch
                 acc.backward(loss)
