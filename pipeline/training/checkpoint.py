@@ -38,7 +38,6 @@ WEIGHTS = "model.safetensors"  # accelerate's SAFE_WEIGHTS_NAME for model 0
 SCHEDULER = "scheduler.json"
 FSDP_SHARDED = "pytorch_model_fsdp_0"  # accelerate's DCP folder of model 0 under FSDP SHARDED_STATE_DICT
 FSDP_FULL = "pytorch_model_fsdp.bin"  # ... and its file under FULL_STATE_DICT
-WRAPPER_PREFIX = "module."  # DistributedDataParallel's key prefix
 FORMAT = "accelerate-save_state/1"  # state.json's "format": the layout above
 
 

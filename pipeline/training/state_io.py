@@ -22,11 +22,9 @@ import pickle
 import random
 import re
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from pipeline.artifacts import read_json, write_json_atomic
 
 
 # ---------------------------------------------------------------- RNG states (one file per process)
@@ -81,20 +79,16 @@ def set_rng_state(state: dict, where: str) -> None:
                          f"resuming without it would not reproduce the run") from None
 
 
-# ---------------------------------------------------------------- scheduler and gradient scaler
+# ---------------------------------------------------------------- the scheduler (ours, not prepared)
 
 
 def plain_state(state: dict, where: str) -> dict:
-    """A scheduler/scaler state_dict checked to be plain JSON data (a LambdaLR with a plain function
+    """A scheduler state_dict checked to be plain JSON data (a LambdaLR with a plain function
     stores None for it; anything else would need pickling, which we refuse)."""
     try:
         return json.loads(json.dumps(state, allow_nan=True))
     except TypeError as e:
         raise ValueError(f"{where}: state is not plain data and cannot be checkpointed safely: {e}") from None
-
-
-def read_plain(path: Path) -> Any:
-    return read_json(path)
 
 
 # ---------------------------------------------------------------- no code from a checkpoint
@@ -130,8 +124,10 @@ def _weights_only(path: Path) -> None:
     import torch
     from accelerate.utils.other import TORCH_SAFE_GLOBALS  # the numpy types of accelerate's RNG file: data only
 
+    # mmap: the unpickler reads the pickle stream (data.pkl), tensor bytes stay on disk unread; they
+    # cannot run code. A legacy (non-zip) torch pickle cannot be mapped: refused, accelerate never writes one
     with torch.serialization.safe_globals(TORCH_SAFE_GLOBALS):
-        torch.load(path, map_location="cpu", weights_only=True)
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
 def check_no_code(folder: Path) -> None:
