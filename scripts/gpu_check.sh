@@ -42,16 +42,29 @@ run() {  # run VARIANT NAME [extra args...]: one training run in $OUT/VARIANT-NA
     >> "$dir/train.log" 2>&1
 }
 
-killed_chain() {  # start, SIGKILL the whole process group once step KILL_AFTER is logged, resume
-  local v=$1 dir="$OUT/$1-resumed"
-  setsid bash -c "$(declare -f run launcher precision); OUT='$OUT'; COMMON=(${COMMON[*]}); run $v resumed" &
-  local pid=$!
-  until python - "$dir/run/metrics.jsonl" "$KILL_AFTER" <<'EOF' 2>/dev/null; do sleep 0.2; done
+kill_tree() {  # SIGKILL a process and all its descendants, by pid (torchrun puts workers in sessions of their own)
+  local child
+  for child in $(ps -o pid= --ppid "$1"); do kill_tree "$child"; done
+  kill -KILL "$1" 2>/dev/null || true
+}
+
+logged() {  # logged METRICS STEP: has a training record reached STEP?
+  python - "$1" "$2" <<'EOF' 2>/dev/null
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().endswith("}")]
 sys.exit(0 if any(r.get("step", 0) >= int(sys.argv[2]) and "loss" in r for r in rows) else 1)
 EOF
-  kill -KILL -- -"$pid" 2>/dev/null || true
+}
+
+killed_chain() {  # start, SIGKILL the whole process tree once step KILL_AFTER is logged, resume
+  local v=$1 dir="$OUT/$1-resumed"
+  run "$v" resumed &
+  local pid=$!
+  until logged "$dir/run/metrics.jsonl" "$KILL_AFTER"; do
+    kill -0 "$pid" 2>/dev/null || { echo "$v: the run ended before step $KILL_AFTER (see $dir/train.log)"; return 1; }
+    sleep 0.2
+  done
+  kill_tree "$pid"
   wait "$pid" 2>/dev/null || true
   echo "killed after step $KILL_AFTER" >> "$dir/train.log"
   run "$v" resumed --resume auto
@@ -73,7 +86,7 @@ from safetensors.torch import load_file
 out, start = Path(sys.argv[1]), float(sys.argv[2])
 def rows(d):
     recs = [json.loads(l) for l in (d / "run" / "metrics.jsonl").read_text().splitlines() if l.strip()]
-    return [(r["step"], r["loss"], r["lr"], r["grad_norm"]) for r in recs if "loss" in r and "event" not in r]
+    return [(r["step"], r["loss"], r["lr"], r["grad_norm"]) for r in recs if "loss" in r and "eval" not in r and "event" not in r]
 print("| variant | steps | resumed from | losses == | max loss diff | weights == | max weight diff |")
 print("|---|---|---|---|---|---|---|")
 bad = False
