@@ -75,6 +75,34 @@ def test_find_resume_passes_over_corrupt_and_incomplete(tmp_path):
     assert checkpoint.verify(root / "step-0000010").startswith("model.safetensors has 3 bytes")
 
 
+def _sharded(root, name: str, step: int):
+    """A checkpoint laid out as FSDP's save_state leaves it: DCP folders with one shard per rank."""
+    d = _fake(root, name, step, complete=False)
+    for folder in ("pytorch_model_fsdp_0", "optimizer_0"):
+        (d / folder).mkdir()
+        for f, data in ((".metadata", b"m" * 7), ("__0_0.distcp", b"a" * 20), ("__1_0.distcp", b"b" * 20)):
+            (d / folder / f).write_bytes(data)
+    checkpoint.write_manifest(d, kind="checkpoint")
+    return d
+
+
+@pytest.mark.parametrize("damage", ["truncated", "altered", "missing"])
+def test_a_damaged_shard_makes_resume_fall_back(tmp_path, damage):
+    root = tmp_path / "checkpoints"
+    _sharded(root, "step-0000010", 10)
+    newest = _sharded(root, "step-0000020", 20)
+    assert "pytorch_model_fsdp_0/__1_0.distcp" in artifacts.read_json(newest / "manifest.json")["files"]
+    shard = newest / "pytorch_model_fsdp_0" / "__1_0.distcp"  # rank 1's shard
+    {"truncated": lambda: shard.write_bytes(b"b" * 5), "altered": lambda: shard.write_bytes(b"c" * 20),
+     "missing": shard.unlink}[damage]()
+    path, warnings = checkpoint.find_resume(root)
+    assert path.name == "step-0000010"
+    assert any("step-0000020" in w and "pytorch_model_fsdp_0/__1_0.distcp" in w for w in warnings), warnings
+    _sharded(root, "step-0000030", 30)  # the next save; rotation then removes whole sharded folders
+    checkpoint.rotate(root, keep_last=1, keep_best=0)
+    assert sorted(p.name for p in root.iterdir()) == ["step-0000030"]
+
+
 def test_mismatched_resume_is_an_error(tmp_path):
     fps = {"model": "m1", "data": "d1", "train": {"batch_size": 8, "grad_accum": 2, "seed": 1}}
     state = {"num_processes": 2, "fingerprints": fps}
