@@ -6,8 +6,10 @@
    early and one late in an epoch of a large dataset (tiny model, batch 32): the two should be about
    equal, because the epoch order is rebuilt and the loader starts at the saved batch. Next to it,
    what skipping by iterating through the earlier batches would cost (measured on a slice, scaled).
-2. Checkpoint save time (MiniLM weights + AdamW state; fsync, sha256 read-back, manifest, rename)
-   against copying the same bytes with shutil.copyfile + fsync.
+2. Checkpoint save and load time (MiniLM weights + AdamW state) with 1 and 2 processes (torchrun,
+   gloo): this format (accelerate's save_state/load_state, fsync, sha256 manifest, rename; load:
+   weights-only check of every pickle, load_state, JSON RNG) against the previous format
+   (safetensors + JSON, run from git at BEFORE) and against copying / reading the same bytes.
 Prints markdown tables.
 """
 
@@ -17,7 +19,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -157,58 +158,130 @@ def resume_table(rows: int, repeats: int) -> str:
     ])
 
 
-def save_table(repeats: int) -> str:
+BEFORE = "a6182963d1c229f520a0e09046a1615d135b6788"  # the last commit with the safetensors + JSON format
+
+
+def previous_format():
+    """checkpoint.py of the safetensors + JSON format, as committed at BEFORE (read from git, run as is)."""
+    import types
+
+    import pipeline.training as pkg
+
+    def module(name: str) -> types.ModuleType:
+        src = subprocess.run(["git", "-C", str(REPO), "show", f"{BEFORE}:pipeline/training/{name}.py"],
+                             check=True, capture_output=True, text=True).stdout
+        mod = types.ModuleType(f"before_{name}")
+        exec(compile(src, f"{BEFORE[:8]}:{name}.py", "exec"), mod.__dict__)
+        return mod
+
+    current = pkg.state_io
+    pkg.state_io = module("state_io")  # what the old checkpoint.py imports
+    try:
+        return module("checkpoint")
+    finally:
+        pkg.state_io = current
+
+
+def _copy_and_read(path: Path, dst: Path) -> tuple[float, float]:
+    """Seconds to copy every file of a checkpoint (+ fsync), and to read them all back."""
+    start = time.perf_counter()
+    for f in (q for q in path.rglob("*") if q.is_file()):
+        (dst / f.relative_to(path)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, dst / f.relative_to(path))
+        with open(dst / f.relative_to(path), "rb") as fh:
+            os.fsync(fh.fileno())
+    copied = time.perf_counter() - start
+    start = time.perf_counter()
+    for f in (q for q in dst.rglob("*") if q.is_file()):
+        f.read_bytes()
+    return copied, time.perf_counter() - start
+
+
+def checkpoint_worker(out: Path, repeats: int) -> None:
+    """Run under torchrun (1 or N processes): save and load a MiniLM + AdamW checkpoint in this format
+    and the previous one, and copy/read the same bytes; rank 0 writes the medians to out/times_<N>.json."""
     import torch
-    from accelerate import Accelerator
 
+    from pipeline.accel import make_accelerator
     from pipeline.config import load_config
-    from pipeline.training import build, checkpoint
-    from pipeline.training.build import model_source
-
-    cfg = load_config(None)
     from transformers import AutoModelForSequenceClassification
 
+    from pipeline.training import build, checkpoint, state_io
+    from pipeline.training.build import model_source
+
+    before = previous_format()
+    cfg = load_config(None)
     model = AutoModelForSequenceClassification.from_pretrained(model_source(cfg.model), num_labels=3)
     opt, sched = build.build_optimizer(model, cfg.train, 100)
-    acc = Accelerator(cpu=True)
+    acc = make_accelerator()
     model, opt = acc.prepare(model, opt)
     model(input_ids=torch.ones(2, 8, dtype=torch.long), labels=torch.zeros(2, dtype=torch.long)).loss.backward()
     opt.step()
-    tmp = Path(tempfile.mkdtemp(prefix="bench_ckpt_"))
-    state = {"step": 1, "epoch": 0, "batch_in_epoch": 1}
-    ours, copy = [], []
+    n = acc.num_processes
+    times: dict[str, list[float]] = {k: [] for k in ("save", "load", "check", "save_before", "load_before", "copy", "read")}
     for i in range(repeats):
-        start = time.perf_counter()
-        path = checkpoint.save_checkpoint(acc, tmp / "ckpts", f"c{i}", model, opt, sched, state)
-        ours.append(time.perf_counter() - start)
-        dst = tmp / f"copy{i}"
-        dst.mkdir()
-        start = time.perf_counter()
-        for f in path.iterdir():
-            shutil.copyfile(f, dst / f.name)
-            with open(dst / f.name, "rb") as fh:
-                os.fsync(fh.fileno())
-        copy.append(time.perf_counter() - start)
-    mb = sum(f.stat().st_size for f in path.iterdir()) / 1e6
-    o, c = statistics.median(ours), statistics.median(copy)
+        for fmt, mod in (("", checkpoint), ("_before", before)):
+            state = {"step": 1, "epoch": 0, "batch_in_epoch": 1, "num_processes": n}
+            acc.wait_for_everyone()
+            start = time.perf_counter()
+            path = mod.save_checkpoint(acc, out / f"ckpts{n}", f"c{i}{fmt}", model, opt, sched, state)
+            times[f"save{fmt}"].append(time.perf_counter() - start)
+            acc.wait_for_everyone()
+            start = time.perf_counter()
+            mod.load_checkpoint(acc, path, model, opt, sched)
+            acc.wait_for_everyone()
+            times[f"load{fmt}"].append(time.perf_counter() - start)
+            if not fmt:  # the part of load that reads every pickle as data only first
+                start = time.perf_counter()
+                state_io.check_no_code(path)
+                times["check"].append(time.perf_counter() - start)
+        if acc.is_main_process:
+            copied, read = _copy_and_read(out / f"ckpts{n}" / f"c{i}", out / f"copy{n}-{i}")
+            times["copy"].append(copied)
+            times["read"].append(read)
+    if acc.is_main_process:
+        sizes = {fmt: sum(f.stat().st_size for f in (out / f"ckpts{n}" / f"c0{fmt}").rglob("*") if f.is_file())
+                 for fmt in ("", "_before")}
+        result = {k: min(v) for k, v in times.items()}  # best of: the CPU is shared
+        (out / f"times_{n}.json").write_text(json.dumps({**result, "mb": sizes[""] / 1e6, "mb_before": sizes["_before"] / 1e6}))
+    acc.wait_for_everyone()
+    acc.end_training()
+
+
+def save_table(repeats: int) -> str:
+    """checkpoint_worker under 1 and 2 processes (torchrun, gloo), one after the other."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench_ckpt_"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    lines = [f"MiniLM-L6 + AdamW state; best of {repeats}; every row includes flush (fsync) of what it writes", "",
+             "| processes | this format: save_state + checks | previous format (safetensors + JSON) | plain copy + fsync / read of the same bytes |",
+             "|---|---|---|---|"]
+    for n in (1, 2):
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", __file__,
+                        "--checkpoint-worker", str(tmp), "--repeats", str(repeats)], check=True, env=env,
+                       capture_output=True)
+        t = json.loads((tmp / f"times_{n}.json").read_text())
+        lines += [f"| {n}, save | {t['save']:.2f} s ({t['mb']:.0f} MB) | {t['save_before']:.2f} s ({t['mb_before']:.0f} MB) | "
+                  f"{t['copy']:.2f} s (x{t['save'] / t['copy']:.1f} for save_state) |",
+                  f"| {n}, load | {t['load']:.2f} s (data-only check {t['check']:.2f} s) | {t['load_before']:.2f} s | "
+                  f"{t['read']:.2f} s |"]
     shutil.rmtree(tmp, ignore_errors=True)
-    return "\n".join([
-        f"MiniLM-L6 + AdamW state: {mb:.0f} MB per checkpoint; median of {repeats}", "",
-        "| write | seconds | MB/s |", "|---|---|---|",
-        f"| save_checkpoint (write, fsync, sha256 read-back, manifest, rename) | {o:.2f} | {mb / o:.0f} |",
-        f"| shutil.copyfile + fsync of the same files | {c:.2f} | {mb / c:.0f} |",
-        f"| ratio | {o / c:.2f}x | |",
-    ])
+    return "\n".join(lines)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--only", choices=("resume", "save"), help="one of the two tables")
+    p.add_argument("--checkpoint-worker", type=Path, help=argparse.SUPPRESS)  # save_table's torchrun workers
     args = p.parse_args()
-    print(resume_table(args.rows, args.repeats))
-    print()
-    print(save_table(max(3, args.repeats)))
+    if args.checkpoint_worker:
+        return checkpoint_worker(args.checkpoint_worker, args.repeats)
+    if args.only != "save":
+        print(resume_table(args.rows, args.repeats))
+        print()
+    if args.only != "resume":
+        print(save_table(max(3, args.repeats)))
 
 
 if __name__ == "__main__":

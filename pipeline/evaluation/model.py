@@ -47,8 +47,6 @@ def load_classifier(ckpt: Path, run_dir: str | Path) -> Any:
     _verified(ckpt)
     if checkpoint.is_final(ckpt):
         return AutoModelForSequenceClassification.from_pretrained(ckpt)
-    from safetensors.torch import load_file
-
     config_dir = checkpoint.model_config_dir(ckpt)
     if not (config_dir / "config.json").is_file():  # a checkpoint copied out of its run: this run's
         config_dir = Path(run_dir) / "model_config"
@@ -56,12 +54,7 @@ def load_classifier(ckpt: Path, run_dir: str | Path) -> Any:
         raise FileNotFoundError(f"checkpoint {ckpt} has weights but no {config_dir / 'config.json'} beside its run; "
                                 f"cannot build the model to load them into")
     model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(config_dir))
-    result = model.load_state_dict(load_file(str(ckpt / checkpoint.WEIGHTS)), strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise ValueError(
-            f"{ckpt / checkpoint.WEIGHTS} does not fit the model in {config_dir}: missing {result.missing_keys[:5]}, "
-            f"unexpected {result.unexpected_keys[:5]}"
-        )
+    checkpoint.load_weights(ckpt, model)  # whatever save_state wrote (DDP prefix, FSDP shards), checked first
     return model
 
 

@@ -111,9 +111,10 @@ class _Rows:
         return self.__getitems__([i])[0]
 
 
-def make_loader(ds, sampler, collate: Collator, num_workers: int = 0):
+def make_loader(ds, sampler, collate: Collator, num_workers: int = 0, pin_memory: bool = False):
     """A DataLoader over our sampler. Its own generator keeps it from drawing on the global torch RNG
-    (an iterator otherwise draws a base seed from it, which would shift dropout after a resume)."""
+    (an iterator otherwise draws a base seed from it, which would shift dropout after a resume).
+    pin_memory (on a GPU) lets the loop's `.to(device, non_blocking=True)` overlap the copy with compute."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -122,6 +123,7 @@ def make_loader(ds, sampler, collate: Collator, num_workers: int = 0):
         batch_sampler=sampler,
         collate_fn=collate,
         num_workers=num_workers,
+        pin_memory=pin_memory,
         generator=torch.Generator().manual_seed(0),
         persistent_workers=False,
     )

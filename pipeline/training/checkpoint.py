@@ -1,14 +1,23 @@
-"""Crash-safe checkpoints: write to a temporary folder, flush, manifest last, rename into place.
+"""Crash-safe checkpoints made by accelerate's save_state: into a temporary folder, flushed, manifest
+last, renamed into place; read back by load_state after checks that accelerate does not make.
 
-Layout of `<run>/checkpoints/<name>/`:
-  model.safetensors        weights, keys of the unwrapped model's state_dict
-  optimizer.safetensors    optimizer tensors;  optimizer.json: groups and scalars
-  scheduler.json           LambdaLR state;      scaler.json: fp16 gradient scaler (when used)
-  rng_state_<rank>.json    python/numpy/torch generator states of every process
-  state.json               training position (step, epoch, batch in epoch), best metric, eval metrics
-  manifest.json            files, sizes and sha256; written last: its presence marks completeness
+Layout of `<run>/checkpoints/<name>/` (this module is its one owner; evaluation asks it):
+  written by accelerator.save_state (whatever the backend makes of it):
+    model.safetensors        DDP / one process: weights, keys of the unwrapped model (accelerate 1.15)
+    optimizer.bin            DDP / one process: the optimizer state_dict (torch.save)
+    scaler.pt                fp16 gradient scaler (torch.save), when used
+    random_states_<rank>.pkl accelerate's RNG pickles (torch.save); restored again below, strictly
+    pytorch_model_fsdp_0/ optimizer_0/   FSDP SHARDED_STATE_DICT: DCP folders (__<rank>_0.distcp, .metadata)
+    pytorch_model/           DeepSpeed: mp_rank_*_model_states.pt, *_optim_states.pt per rank; latest
+  written here:
+    scheduler.json           LambdaLR state (the scheduler is ours, stepped once per optimizer step)
+    rng_state_<rank>.json    python/numpy/torch generator states of every process, restored last
+    state.json               training position (step, epoch, batch in epoch), best metric, eval metrics
+    manifest.json            every file of every rank, sizes and sha256; written last: marks completeness
 A process killed at any point leaves either a complete checkpoint or a hidden `.<name>.tmp` folder
-that nothing ever reads and the next save or rotation removes.
+that nothing ever reads and the next save or rotation removes. accelerate's own rotation
+(automatic_checkpoint_naming / total_limit) is never used: it deletes before the new folder exists,
+and its load_state() without a folder takes the highest-numbered one unchecked.
 """
 
 from __future__ import annotations
@@ -25,24 +34,39 @@ from pipeline.artifacts import MANIFEST, file_sha256, read_json, write_json_atom
 from pipeline.training import state_io
 
 STATE = "state.json"
-WEIGHTS = "model.safetensors"
+WEIGHTS = "model.safetensors"  # accelerate's SAFE_WEIGHTS_NAME for model 0
+SCHEDULER = "scheduler.json"
+FSDP_SHARDED = "pytorch_model_fsdp_0"  # accelerate's DCP folder of model 0 under FSDP SHARDED_STATE_DICT
+FSDP_FULL = "pytorch_model_fsdp.bin"  # ... and its file under FULL_STATE_DICT
+FORMAT = "accelerate-save_state/1"  # state.json's "format": the layout above
 
 
-def write_main_files(tmp: Path, weights: dict, optimizer, scheduler, scaler, state: dict) -> None:
-    """The files only the main process writes (the model and optimizer are the same on every rank)."""
-    from safetensors.torch import save_file
+def rng_file(rank: int) -> str:
+    return f"rng_state_{rank}.json"
 
-    seen, tensors = set(), {}
-    for key, t in weights.items():  # safetensors refuses shared storage (tied weights): copy duplicates
-        t = t.detach().cpu().contiguous()
-        tensors[key] = t.clone() if t.data_ptr() in seen else t
-        seen.add(t.data_ptr())
-    save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
-    state_io.save_optimizer(optimizer.state_dict(), tmp / "optimizer.safetensors", tmp / "optimizer.json")
-    write_json_atomic(tmp / "scheduler.json", state_io.plain_state(scheduler.state_dict(), "scheduler"))
-    if scaler is not None:
-        write_json_atomic(tmp / "scaler.json", state_io.plain_state(scaler.state_dict(), "gradient scaler"))
-    write_json_atomic(tmp / STATE, state)
+
+def save_checkpoint(acc, root: Path, name: str, model, optimizer, scheduler, state: dict) -> Path:
+    """Every process calls this at the same step; returns the complete checkpoint's path. `model` and
+    `optimizer` are the prepared ones: save_state saves what accelerate prepared."""
+    final, tmp = root / name, root / f".{name}.tmp"
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
+        tmp.mkdir(parents=True)
+    acc.wait_for_everyone()
+    acc.save_state(str(tmp))  # collectives under FSDP/DeepSpeed: every rank writes its shards
+    write_json_atomic(tmp / rng_file(acc.process_index), state_io.rng_state())
+    if acc.is_main_process:
+        write_json_atomic(tmp / SCHEDULER, state_io.plain_state(scheduler.state_dict(), "scheduler"))
+        write_json_atomic(tmp / STATE, {**state, "format": FORMAT})
+    acc.wait_for_everyone()
+    if not acc.is_main_process:  # flushed by the writer too: on some shared filesystems only it can
+        artifacts.fsync_tree(tmp)
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        finalize(tmp, final)  # fsyncs every file, then the manifest of every rank's files
+    acc.wait_for_everyone()
+    return final
 
 
 def write_manifest(folder: Path, kind: str) -> None:
@@ -68,44 +92,70 @@ def finalize(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def save_checkpoint(acc, root: Path, name: str, model, optimizer, scheduler, state: dict) -> Path:
-    """Every process calls this at the same step; returns the complete checkpoint's path."""
-    final, tmp = root / name, root / f".{name}.tmp"
-    acc.wait_for_everyone()
-    if acc.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
-        tmp.mkdir(parents=True)
-    acc.wait_for_everyone()
-    write_json_atomic(tmp / f"rng_state_{acc.process_index}.json", state_io.rng_state())
-    weights = acc.get_state_dict(model)  # a collective under FSDP/DeepSpeed; unwrapped keys
-    if acc.is_main_process:
-        write_main_files(tmp, weights, optimizer, scheduler, acc.scaler, state)
-    acc.wait_for_everyone()
-    if acc.is_main_process:
-        finalize(tmp, final)
-    acc.wait_for_everyone()
-    return final
+def _rng_source(acc, path: Path, state: dict) -> Path:
+    """This rank's RNG file. Resumed with another process count (same global batch), rank r takes
+    saved rank r mod (saved count): a state of the run, never a fresh seed, but not the stream an
+    uninterrupted run would have drawn (nothing can be: the ranks' streams are per process)."""
+    saved = state.get("num_processes") or acc.num_processes
+    f = path / rng_file(acc.process_index % saved)
+    if not f.is_file():
+        raise ValueError(f"{path}: no RNG state for process {acc.process_index} ({f.name} missing); "
+                         f"use --resume auto to fall back to an earlier checkpoint")
+    if saved != acc.num_processes and acc.is_main_process:
+        warn(f"{path} was saved by {saved} processes, this run has {acc.num_processes}: same global batch, so the "
+             f"same data order; each rank restores the RNG state of saved rank (rank mod {saved}), so dropout "
+             f"masks differ from an uninterrupted {saved}-process run")
+    return f
 
 
 def load_checkpoint(acc, path: Path, model, optimizer, scheduler) -> dict:
-    """Restore weights, optimizer, scheduler, scaler and this process's RNG; return state.json."""
-    from safetensors.torch import load_file
-
+    """Check that no file can run code, load_state, then the scheduler and this process's RNG (last,
+    strictly: accelerate only logs a failed RNG restore); return state.json."""
     state = read_json(path / STATE)
-    try:  # safetensors and JSON only: a planted pickle fails to parse, it never runs
-        acc.unwrap_model(model).load_state_dict(load_file(str(path / WEIGHTS)))
-        optimizer.load_state_dict(state_io.load_optimizer(path / "optimizer.safetensors", path / "optimizer.json"))
-        scheduler.load_state_dict(state_io.read_plain(path / "scheduler.json"))
-        if acc.scaler is not None:
-            acc.scaler.load_state_dict(state_io.read_plain(path / "scaler.json"))
+    if state.get("format") != FORMAT:
+        raise ValueError(f"{path} is in an older checkpoint format ({state.get('format', 'safetensors + JSON')}, "
+                         f"before save_state); resume it with the version that wrote it, or start over with --restart")
+    state_io.check_no_code(path)  # before accelerate or torch reads a byte of it
+    rng = _rng_source(acc, path, state)
+    try:
+        acc.load_state(str(path))
+        scheduler.load_state_dict(read_json(path / SCHEDULER))
     except Exception as e:  # noqa: BLE001 - any parse/shape failure means this checkpoint is unusable
-        raise ValueError(f"{path}: cannot load checkpoint ({type(e).__name__}: {e}); "
+        raise ValueError(f"{path}: cannot load checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:300]}); "
                          f"use --resume auto to fall back to an earlier one") from None
-    rng_file = path / f"rng_state_{acc.process_index}.json"
-    if not rng_file.is_file():
-        raise ValueError(f"{path}: no RNG state for process {acc.process_index} ({rng_file.name} missing)")
-    state_io.set_rng_state(read_json(rng_file), str(rng_file))
+    state_io.set_rng_state(read_json(rng), str(rng))
     return state
+
+
+def load_weights(path: Path, model) -> None:
+    """Load a checkpoint's weights into a plain (unwrapped, unsharded) model, whatever save_state wrote:
+    model.safetensors (accelerate 1.15 keys it like the unwrapped model under DDP too, and drops the
+    duplicate keys of tied weights, which safetensors' load_model restores), or FSDP's DCP folder or
+    full-state file. Every pickle in the folder is first read as data only. ValueError naming what
+    does not fit."""
+    state_io.check_no_code(path)
+    if (path / WEIGHTS).is_file():
+        from safetensors.torch import load_model
+
+        missing, unexpected = load_model(model, str(path / WEIGHTS), strict=False)
+    else:
+        if (path / FSDP_SHARDED).is_dir():
+            import torch.distributed.checkpoint as dcp
+
+            holder = {"model": model.state_dict()}
+            dcp.load(holder, checkpoint_id=str(path / FSDP_SHARDED), no_dist=True)  # reads every rank's shard
+            weights = holder["model"]
+        elif (path / FSDP_FULL).is_file():
+            import torch
+
+            weights = torch.load(path / FSDP_FULL, map_location="cpu", weights_only=True)
+        else:
+            raise ValueError(f"{path} holds no weights this project can read ({WEIGHTS}, {FSDP_SHARDED}/ or "
+                             f"{FSDP_FULL}); a DeepSpeed checkpoint is read by resume only: evaluate final/ instead")
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{path}: the weights do not fit the model: missing {list(missing)[:5]}, "
+                         f"unexpected {list(unexpected)[:5]}")
 
 
 # ---------------------------------------------------------------- finding, checking, rotating
@@ -117,6 +167,10 @@ def verify(path: Path, deep: bool = True) -> str | None:
         return "incomplete (no manifest.json)"
     try:
         files = read_json(path / MANIFEST)["files"]
+        extra = sorted(str(p.relative_to(path)) for p in path.rglob("*")
+                       if p.is_file() and p.name != MANIFEST and str(p.relative_to(path)) not in files)
+        if extra:  # every file any loader could read is covered by the manifest
+            return f"{extra[0]} is not in the manifest"
         for rel, info in files.items():
             p = path / rel
             if not p.is_file():

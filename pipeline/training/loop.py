@@ -69,8 +69,9 @@ def _run(s: Setup, stop: signals.StopFlag) -> int:
     while pos.step < s.total_steps:
         order = batching.epoch_order(s.lengths, t.seed, pos.epoch, t.batch_size * acc.num_processes, t.group_by_length)
         sampler = batching.RankBatches(order, acc.process_index, t.batch_size, pos.batch_in_epoch, per_epoch)
-        for batch in batching.make_loader(s.train_ds, sampler, s.collate, t.num_workers):
-            batch = {k: v.to(acc.device) for k, v in batch.items()}
+        gpu = acc.device.type == "cuda"
+        for batch in batching.make_loader(s.train_ds, sampler, s.collate, t.num_workers, pin_memory=gpu):
+            batch = {k: v.to(acc.device, non_blocking=gpu) for k, v in batch.items()}  # pinned: async copy
             with acc.accumulate(s.model), anomaly_mode:
                 loss = s.model(**batch).loss  # mean over this micro-batch
                 acc.backward(loss)
@@ -246,9 +247,10 @@ def _save(s: Setup, metrics: dict | None) -> Path:
 
 def _finish(s: Setup) -> int:
     """After the last step: the final export (a checkpoint of the last step exists already)."""
+    weights = s.acc.get_state_dict(s.model)  # the full state dict: a collective under FSDP/ZeRO-3
     if s.acc.is_main_process:
         state = {"step": s.pos.step, "epoch": s.pos.epoch, "best": dict(s.best), "fingerprints": s.fingerprints}
-        rundir.export_final(s.acc.unwrap_model(s.model), s.tok, s.run_dir / "final", state)
+        rundir.export_final(s.acc.unwrap_model(s.model), s.tok, s.run_dir / "final", state, weights)
         summary: dict[str, Any] = {"step": s.pos.step, "best": s.best, "final": str(s.run_dir / "final")}
         s.log.write({"step": s.pos.step, "event": "finished", **summary})
         print(f"finished at step {s.pos.step}; final model: {s.run_dir / 'final'}; best {s.best}", flush=True)

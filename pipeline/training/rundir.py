@@ -126,12 +126,13 @@ def export_model_config(model, tok, out: Path) -> None:
         tok.save_pretrained(str(tmp))
 
 
-def export_final(model, tok, out: Path, state: dict | None = None) -> None:
+def export_final(model, tok, out: Path, state: dict | None = None, weights: dict | None = None) -> None:
     """save_pretrained (safetensors) + tokenizer: loadable by transformers.pipeline('text-classification').
 
-    `state` (step, epoch, data fingerprints) goes to state.json, so evaluation can say what it scored."""
+    `state` (step, epoch, data fingerprints) goes to state.json, so evaluation can say what it scored.
+    `weights`: the full state dict (accelerator.get_state_dict) where the model's own is sharded (FSDP, ZeRO-3)."""
     with artifacts.atomic_dir(out, replace=True) as tmp:
-        model.save_pretrained(str(tmp), safe_serialization=True)
+        model.save_pretrained(str(tmp), safe_serialization=True, state_dict=weights)
         tok.save_pretrained(str(tmp))
         if state is not None:
             artifacts.write_json_atomic(tmp / "state.json", state)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -66,19 +67,34 @@ def _fingerprints(cfg: Config, data_fp: str, mp: str) -> dict:
 
 
 def check_resumable(state: dict, fps: dict, world: int, path: Path) -> None:
-    """A checkpoint from another model, data, batching or process count is an error, never garbage."""
+    """A checkpoint from another model, data or batching is an error, never garbage. The number of
+    processes may change (elastic resume) while train.batch_size x processes stays the same: then the
+    global batch and the data order of every epoch (a function of the seed and that product) are too."""
     old = state.get("fingerprints", {})
-    if state.get("num_processes") != world:
-        raise ValueError(f"{path} was saved by {state.get('num_processes')} processes, this run has {world}; "
-                         f"resume with the same number of processes (the data shards and RNG states are per process)")
     for key, what in (("model", "the [model] section"), ("data", "the prepared data")):
         if old.get(key) != fps[key]:
             raise ValueError(f"{path} was trained with other {what} (fingerprint {old.get(key)} != {fps[key]}); "
                              f"resume with the config it was made with, or start a new output_dir")
-    changed = sorted(k for k in fps["train"] if old.get("train", {}).get(k) != fps["train"][k])
+    old_train, new_train = old.get("train", {}), fps["train"]
+    _check_global_batch(old_train, state.get("num_processes"), new_train, world, path)
+    changed = sorted(k for k in new_train if k != "batch_size" and old_train.get(k) != new_train[k])
     if changed:
-        diffs = ", ".join(f"train.{k}: {old.get('train', {}).get(k)!r} -> {fps['train'][k]!r}" for k in changed)
+        diffs = ", ".join(f"train.{k}: {old_train.get(k)!r} -> {new_train[k]!r}" for k in changed)
         raise ValueError(f"{path}: these settings differ from the checkpoint's and would change the run: {diffs}")
+
+
+def _check_global_batch(old: dict, old_world, new: dict, world: int, path: Path) -> None:
+    """batch_size x processes x grad_accum must stay (grad_accum itself is compared with the other settings)."""
+    was = [old.get("batch_size") or 0, old_world or 0, old.get("grad_accum") or 1]
+    now = [new["batch_size"], world, new.get("grad_accum", 1)]
+    if math.prod(was) == math.prod(now):
+        return
+    per_rank, rest = divmod(math.prod(was), world * now[2])
+    hint = (f"with {world} process(es) use train.batch_size={per_rank}" if not rest and per_rank
+            else f"no train.batch_size gives it with {world} process(es) at train.grad_accum={now[2]}")
+    raise ValueError(f"{path}: global batch {' x '.join(map(str, was))} (batch_size x processes x grad_accum) = "
+                     f"{math.prod(was)} in the checkpoint, {' x '.join(map(str, now))} = {math.prod(now)} in this run; "
+                     f"resume at the checkpoint's global batch ({hint}) or start a new output_dir")
 
 
 def _resolve_resume(acc, run_dir: Path, resume: str | None, config_path: str) -> Path | None:
@@ -191,11 +207,12 @@ def _start_position(s: Setup, ckpt: Path | None, state: dict | None) -> None:
 
 
 def _nothing_to_do(s: Setup, ckpt: Path, state: dict) -> None:
+    weights = s.acc.get_state_dict(s.model)  # the full state dict: a collective under FSDP/ZeRO-3
     if s.acc.is_main_process:
         print(f"--resume: {ckpt} is at {checkpoint.describe_state(state)}, the end of a {s.total_steps}-step run; "
               f"nothing to do", flush=True)
         if not (s.run_dir / "final" / "config.json").is_file():
-            rundir.export_final(s.acc.unwrap_model(s.model), s.tok, s.run_dir / "final")
+            rundir.export_final(s.acc.unwrap_model(s.model), s.tok, s.run_dir / "final", weights=weights)
             print(f"exported the final model to {s.run_dir / 'final'}", flush=True)
     s.acc.wait_for_everyone()
     return None

@@ -1,22 +1,30 @@
-"""Training state as JSON and safetensors only: nothing in a checkpoint is ever unpickled.
+"""What a checkpoint may hold besides safetensors, read without ever running code from it.
 
-accelerate's save_state writes the optimizer, scheduler and RNG states with torch.save (pickles),
-and its load_state swallows a failed RNG restore as an info log line. Both break a promise of
-ours (no unpickling; a failed RNG restore is an error), so these few states have their own
-formats: tensors go to safetensors, everything else to JSON, and every restore is checked.
+accelerate's save_state writes the optimizer, scaler, sampler and RNG states with torch.save
+(pickles), and under FSDP torch's distributed checkpoint (DCP) adds a plainly pickled `.metadata`
+per sharded folder. A pickle can name any callable, so before accelerate or torch reads a
+checkpoint, `check_no_code` reads every such file here through a loader that can only build data:
+torch's weights-only unpickler (tensors, containers, numbers, the numpy types accelerate's RNG file
+needs) or, for DCP metadata, an unpickler that knows only DCP's metadata classes. A file either
+passes, and then the real load reads the same bytes, or resume refuses the checkpoint.
+accelerate's `custom_checkpoint_<i>.pkl` (register_for_checkpointing) is loaded by accelerate with
+weights_only=False, so it is refused outright: this project registers nothing.
+
+accelerate's load_state also swallows a failed RNG restore as an info log line, so the RNG
+states are kept a second time as JSON (`rng_state`/`set_rng_state`), restored last and checked.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import pickle
 import random
+import re
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from pipeline.artifacts import read_json, write_json_atomic
 
 
 # ---------------------------------------------------------------- RNG states (one file per process)
@@ -71,47 +79,11 @@ def set_rng_state(state: dict, where: str) -> None:
                          f"resuming without it would not reproduce the run") from None
 
 
-# ---------------------------------------------------------------- optimizer: tensors + JSON skeleton
-
-
-def save_optimizer(opt_state: dict, tensors_path: Path, json_path: Path) -> None:
-    """torch optimizer state_dict -> safetensors (per-parameter tensors) + JSON (groups, scalars)."""
-    import torch
-    from safetensors.torch import save_file
-
-    tensors, skeleton = {}, {}
-    for pid, per_param in opt_state["state"].items():
-        entry = {}
-        for key, value in per_param.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"{pid}.{key}"] = value.detach().cpu().contiguous()
-                entry[key] = {"tensor": f"{pid}.{key}"}
-            else:
-                entry[key] = {"value": value}
-        skeleton[str(pid)] = entry
-    save_file(tensors, str(tensors_path))
-    write_json_atomic(json_path, {"state": skeleton, "param_groups": opt_state["param_groups"]})
-
-
-def load_optimizer(tensors_path: Path, json_path: Path) -> dict:
-    """The inverse of save_optimizer; lists in param_groups (betas) come back as tuples."""
-    from safetensors.torch import load_file
-
-    tensors = load_file(str(tensors_path))
-    meta = read_json(json_path)
-    state = {}
-    for pid, entry in meta["state"].items():
-        state[int(pid)] = {k: tensors[v["tensor"]] if "tensor" in v else v["value"] for k, v in entry.items()}
-    groups = [{k: (tuple(v) if isinstance(v, list) and k != "params" else v) for k, v in g.items()}
-              for g in meta["param_groups"]]
-    return {"state": state, "param_groups": groups}
-
-
-# ---------------------------------------------------------------- scheduler and gradient scaler
+# ---------------------------------------------------------------- the scheduler (ours, not prepared)
 
 
 def plain_state(state: dict, where: str) -> dict:
-    """A scheduler/scaler state_dict checked to be plain JSON data (a LambdaLR with a plain function
+    """A scheduler state_dict checked to be plain JSON data (a LambdaLR with a plain function
     stores None for it; anything else would need pickling, which we refuse)."""
     try:
         return json.loads(json.dumps(state, allow_nan=True))
@@ -119,5 +91,60 @@ def plain_state(state: dict, where: str) -> dict:
         raise ValueError(f"{where}: state is not plain data and cannot be checkpointed safely: {e}") from None
 
 
-def read_plain(path: Path) -> Any:
-    return read_json(path)
+# ---------------------------------------------------------------- no code from a checkpoint
+
+TORCH_PICKLES = (".bin", ".pt", ".pth", ".pkl")  # read by torch.load (accelerate, FSDP, DeepSpeed)
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of a sharded folder: plain pickle.load
+REFUSED = re.compile(r"custom_checkpoint_\d+\.pkl$")  # accelerate loads these with weights_only=False
+
+
+_DCP_CLASSES = {"Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata",
+                "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING"}
+_OTHER_GLOBALS = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+                  ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+                  ("collections", "OrderedDict")}
+
+
+class _DcpMetadataUnpickler(pickle.Unpickler):
+    """Builds DCP's metadata dataclasses, torch sizes, dtypes and layouts, and paths; nothing else."""
+
+    def find_class(self, module: str, name: str):
+        import torch
+
+        # exact names only: a dotted name ("os.system") would reach through a module's imports
+        allowed = ((module == "torch.distributed.checkpoint.metadata" and name in _DCP_CLASSES)
+                   or (module, name) in _OTHER_GLOBALS
+                   or (module == "torch" and name.isidentifier() and isinstance(getattr(torch, name, None), torch.dtype)))
+        if not allowed:
+            raise pickle.UnpicklingError(f"refused global {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _weights_only(path: Path) -> None:
+    import torch
+    from accelerate.utils.other import TORCH_SAFE_GLOBALS  # the numpy types of accelerate's RNG file: data only
+
+    # mmap: the unpickler reads the pickle stream (data.pkl), tensor bytes stay on disk unread; they
+    # cannot run code. A legacy (non-zip) torch pickle cannot be mapped: refused, accelerate never writes one
+    with torch.serialization.safe_globals(TORCH_SAFE_GLOBALS):
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
+def check_no_code(folder: Path) -> None:
+    """Read every pickle in `folder` (recursively) with a loader that cannot run code; ValueError naming
+    the first file that needs more. Call before anything else reads the folder."""
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder)
+        if REFUSED.match(path.name):
+            raise ValueError(f"{folder}: {rel} is an accelerate custom-object pickle, which accelerate would load "
+                             f"with weights_only=False (it may run code); this project never writes one: "
+                             f"remove the file or use another checkpoint")
+        try:
+            if path.suffix in TORCH_PICKLES:
+                _weights_only(path)
+            elif path.name == DCP_METADATA:
+                with path.open("rb") as f:
+                    _DcpMetadataUnpickler(f).load()
+        except Exception as e:  # noqa: BLE001 - whatever the reason, this file cannot be read safely
+            raise ValueError(f"{folder}: {rel} cannot be read as data only ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:200]}); it may hold code: use another checkpoint") from None

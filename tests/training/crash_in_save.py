@@ -3,7 +3,7 @@ its N-th checkpoint save. The product code path is untouched; only library calls
 wrapped here to find the moment.
 
     python crash_in_save.py POINT N train.py-args...
-POINT: weights        right after model.safetensors is written (other files not yet)
+POINT: weights        right after save_state wrote model.safetensors (optimizer, RNG, JSON files not yet)
        before_rename  manifest written into the temporary folder, not yet renamed into place
        rotation       new checkpoint complete, rotation about to delete an old one
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-import safetensors.torch  # noqa: E402
+import accelerate.utils.other as accelerate_io  # noqa: E402  (save_state's writer of model.safetensors)
 
 from pipeline.training import checkpoint  # noqa: E402
 
@@ -34,7 +34,7 @@ def armed() -> bool:
 
 
 real_save_checkpoint = checkpoint.save_checkpoint
-real_save_file = safetensors.torch.save_file
+real_save_file = accelerate_io.safe_save_file
 real_rename = os.rename
 real_rmtree = checkpoint.shutil.rmtree
 
@@ -63,7 +63,7 @@ def rmtree(path, *a, **k):
 
 
 checkpoint.save_checkpoint = counting_save
-safetensors.torch.save_file = save_file
+accelerate_io.safe_save_file = save_file
 os.rename = rename
 checkpoint.shutil.rmtree = rmtree
 

@@ -4,6 +4,9 @@ errors, and a planted malicious pickle that must never run."""
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from trainkit import run_dir
@@ -72,18 +75,61 @@ def test_find_resume_passes_over_corrupt_and_incomplete(tmp_path):
     assert checkpoint.verify(root / "step-0000010").startswith("model.safetensors has 3 bytes")
 
 
+def _sharded(root, name: str, step: int):
+    """A checkpoint laid out as FSDP's save_state leaves it: DCP folders with one shard per rank."""
+    d = _fake(root, name, step, complete=False)
+    for folder in ("pytorch_model_fsdp_0", "optimizer_0"):
+        (d / folder).mkdir()
+        for f, data in ((".metadata", b"m" * 7), ("__0_0.distcp", b"a" * 20), ("__1_0.distcp", b"b" * 20)):
+            (d / folder / f).write_bytes(data)
+    checkpoint.write_manifest(d, kind="checkpoint")
+    return d
+
+
+@pytest.mark.parametrize("damage", ["truncated", "altered", "missing"])
+def test_a_damaged_shard_makes_resume_fall_back(tmp_path, damage):
+    root = tmp_path / "checkpoints"
+    _sharded(root, "step-0000010", 10)
+    newest = _sharded(root, "step-0000020", 20)
+    assert "pytorch_model_fsdp_0/__1_0.distcp" in artifacts.read_json(newest / "manifest.json")["files"]
+    shard = newest / "pytorch_model_fsdp_0" / "__1_0.distcp"  # rank 1's shard
+    {"truncated": lambda: shard.write_bytes(b"b" * 5), "altered": lambda: shard.write_bytes(b"c" * 20),
+     "missing": shard.unlink}[damage]()
+    path, warnings = checkpoint.find_resume(root)
+    assert path.name == "step-0000010"
+    assert any("step-0000020" in w and "pytorch_model_fsdp_0/__1_0.distcp" in w for w in warnings), warnings
+    _sharded(root, "step-0000030", 30)  # the next save; rotation then removes whole sharded folders
+    checkpoint.rotate(root, keep_last=1, keep_best=0)
+    assert sorted(p.name for p in root.iterdir()) == ["step-0000030"]
+
+
 def test_mismatched_resume_is_an_error(tmp_path):
-    fps = {"model": "m1", "data": "d1", "train": {"batch_size": 8, "seed": 1}}
-    state = {"num_processes": 1, "fingerprints": fps}
-    check_resumable(state, fps, 1, tmp_path)
-    with pytest.raises(ValueError, match="saved by 1 processes, this run has 2"):
-        check_resumable(state, fps, 2, tmp_path)
+    fps = {"model": "m1", "data": "d1", "train": {"batch_size": 8, "grad_accum": 2, "seed": 1}}
+    state = {"num_processes": 2, "fingerprints": fps}
+    check_resumable(state, fps, 2, tmp_path)
+    check_resumable(state, {**fps, "train": {**fps["train"], "batch_size": 16}}, 1, tmp_path)  # elastic: 8 x 2 = 16 x 1
+    check_resumable(state, {**fps, "train": {**fps["train"], "batch_size": 4}}, 4, tmp_path)
+    with pytest.raises(ValueError, match=r"global batch 8 x 2 x 2 \(batch_size x processes x grad_accum\) = 32 in the "
+                                         r"checkpoint, 8 x 1 x 2 = 16 in this run; .*with 1 process\(es\) use train.batch_size=16"):
+        check_resumable(state, fps, 1, tmp_path)
+    with pytest.raises(ValueError, match="no train.batch_size gives it with 3 process"):
+        check_resumable(state, fps, 3, tmp_path)
+    with pytest.raises(ValueError, match="train.grad_accum: 2 -> 1"):  # same global batch, another data order
+        check_resumable(state, {**fps, "train": {**fps["train"], "batch_size": 16, "grad_accum": 1}}, 2, tmp_path)
     with pytest.raises(ValueError, match=r"other the \[model\] section"):
-        check_resumable(state, {**fps, "model": "m2"}, 1, tmp_path)
+        check_resumable(state, {**fps, "model": "m2"}, 2, tmp_path)
     with pytest.raises(ValueError, match="other the prepared data"):
-        check_resumable(state, {**fps, "data": "d2"}, 1, tmp_path)
-    with pytest.raises(ValueError, match="train.batch_size: 8 -> 16"):
-        check_resumable(state, {**fps, "train": {"batch_size": 16, "seed": 1}}, 1, tmp_path)
+        check_resumable(state, {**fps, "data": "d2"}, 2, tmp_path)
+    with pytest.raises(ValueError, match="train.seed: 1 -> 2"):
+        check_resumable(state, {**fps, "train": {**fps["train"], "seed": 2}}, 2, tmp_path)
+
+
+def test_an_extra_file_fails_verification(tmp_path):
+    ckpt = _fake(tmp_path, "step-0000010", 10)
+    assert checkpoint.verify(ckpt) is None
+    (ckpt / "optimizer_0").mkdir()
+    (ckpt / "optimizer_0" / ".metadata").write_bytes(b"x")
+    assert checkpoint.verify(ckpt) == "optimizer_0/.metadata is not in the manifest"
 
 
 class _Evil:
@@ -103,24 +149,101 @@ def _plant(ckpt, name: str, payload: bytes) -> None:
     artifacts.write_json_atomic(ckpt / "manifest.json", man)  # made to look complete and intact
 
 
+# every file name a checkpoint can hold that some loader (accelerate, torch, FSDP, DeepSpeed) unpickles
+PICKLE_NAMES = ("optimizer.bin", "scheduler.bin", "sampler.bin", "dl_state_dict.bin", "scaler.pt", "pytorch_model.bin",
+                "random_states_0.pkl", "random_states_1.pkl", "pytorch_model_fsdp.bin", "pytorch_model_fsdp_0_rank0.bin",
+                "optimizer_0_rank0.bin", "pytorch_model_fsdp_0/.metadata", "optimizer_0/.metadata",
+                "pytorch_model/mp_rank_00_model_states.pt", "pytorch_model/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                "pytorch_model/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "custom_checkpoint_0.pkl")
+# and the names that are parsed as safetensors or JSON (a pickle there fails to parse)
+PARSED_NAMES = ("model.safetensors", "scheduler.json", "rng_state_0.json")
+
+
+def _plant(ckpt, name: str, payload: bytes) -> None:
+    (ckpt / name).parent.mkdir(parents=True, exist_ok=True)
+    (ckpt / name).write_bytes(payload)
+    man = artifacts.read_json(ckpt / "manifest.json")
+    man["files"][name] = {"bytes": len(payload), "sha256": artifacts.file_sha256(ckpt / name)}
+    artifacts.write_json_atomic(ckpt / "manifest.json", man)  # made to look complete and intact
+
+
+def _restore(ckpt, saved: dict) -> None:
+    for name, data in saved.items():
+        (ckpt / name).write_bytes(data)
+    files = {str(p.relative_to(ckpt)): {"bytes": p.stat().st_size, "sha256": artifacts.file_sha256(p)}
+             for p in ckpt.rglob("*") if p.is_file() and p.name != "manifest.json"}
+    artifacts.write_json_atomic(ckpt / "manifest.json", {"files": files})
+
+
 def test_planted_pickles_never_run_and_corrupt_newest_falls_back(prepared, fresh_accelerate, tmp_path, capsys):
+    """A real checkpoint (save_state's files): a malicious pickle under every name any loader reads is
+    refused before anything reads it, or fails to parse; the marker file proves nothing ran."""
     config = prepared(train={"epochs": 1, "save_every": 10, "keep_last": 3})
     assert train(load_config(config), str(config)) == signals.EXIT_OK
     run = run_dir(config)
     ckpts = [p for p, _ in checkpoint.complete_checkpoints(run / "checkpoints")]
     assert [p.name for p in ckpts] == ["step-0000010", "step-0000020"]
+    assert {p.name for p in ckpts[1].iterdir()} == {"model.safetensors", "optimizer.bin", "random_states_0.pkl",
+                                                    "scheduler.json", "rng_state_0.json", "state.json", "manifest.json"}
     marker = tmp_path / "pwned"
     evil = pickle.dumps(_Evil(marker))
-    for name in ("optimizer.bin", "scheduler.bin", "random_states_0.pkl", "custom_checkpoint_0.pkl", "scaler.pt"):
-        _plant(ckpts[0], name, evil)
-    _plant(ckpts[1], "model.safetensors", evil)  # a pickle where the weights should be
     cfg2 = load_config(config, ["train.epochs=2"])
-    with pytest.raises(ValueError, match="cannot load"):
-        train(cfg2, str(config), resume=str(ckpts[1]))
-    assert not marker.exists()
-    (ckpts[1] / "optimizer.safetensors").write_bytes(b"")  # now also visibly corrupt: auto passes over it
+    for name in PICKLE_NAMES + PARSED_NAMES:
+        saved = {n: (ckpts[1] / n).read_bytes() for n in PARSED_NAMES}
+        _plant(ckpts[1], name, evil)
+        with pytest.raises(ValueError, match="cannot be read as data only|custom-object pickle|cannot load|not valid JSON|"
+                                             "cannot restore|Expecting value"):
+            train(cfg2, str(config), resume=str(ckpts[1]))
+        assert not marker.exists(), name
+        (ckpts[1] / name).unlink()
+        _restore(ckpts[1], saved)
+    _plant(ckpts[1], "optimizer.bin", evil)
+    (ckpts[1] / "model.safetensors").write_bytes(b"")  # now also visibly corrupt: auto passes over it
     assert train(cfg2, str(config), resume="auto") == signals.EXIT_OK
     out = capsys.readouterr()
     assert f"skipping corrupt checkpoint {ckpts[1]}" in out.err
     assert "resuming from" in out.out and "step-0000010" in out.out
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------- FSDP2, for real, on CPU processes
+
+
+def _torchrun(nproc: int, mode: str, out, timeout: int = 300) -> str:
+    from multikit import env, free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+           str(Path(__file__).with_name("fsdp_on_cpu.py")), mode, str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(), cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_fsdp2_sharded_checkpoints_through_accelerate_on_cpu(tmp_path):
+    """accelerate's own FSDP2 code (fully_shard, DCP save/load, full-state gather) on 2 gloo processes,
+    through save_checkpoint/load_checkpoint: every rank's shard in the manifest, verified; a resume
+    equal (==) to the uninterrupted run; evaluation's load_weights reads the shards without a process
+    group; final/ holds the gathered full weights; a planted DCP .metadata is refused; and 2 -> 1
+    processes re-shards (DCP) within fp32 tolerance."""
+    import json
+
+    _torchrun(2, "chain", tmp_path)
+    r = json.loads((tmp_path / "results.json").read_text())
+    assert r["resumed"] == r["ref"] and len(set(r["ref"])) == 6
+    assert r["verify"] is None and r["loaded_equal"] and r["end_equal"] and r["eval_equal"] and r["eval_keys_equal"]
+    assert r["final_equal"]  # final/: save_pretrained of the gathered full state dict, read back by transformers
+    shards = {f"{d}/{f}" for d in ("pytorch_model_fsdp_0", "optimizer_0") for f in (".metadata", "__0_0.distcp", "__1_0.distcp")}
+    assert shards | {"rng_state_0.json", "rng_state_1.json", "random_states_0.pkl", "random_states_1.pkl",
+                     "scheduler.json", "state.json"} == set(r["files"])
+    log = _torchrun(1, "resume1", tmp_path)
+    assert "saved by 2 processes, this run has 1" in log
+    got = json.loads((tmp_path / "resume1.json").read_text())
+    assert got["lr"] == r["lr"] and max(abs(a - b) for a, b in zip(got["resumed"], r["ref"][3:])) <= 1e-5
+    ckpt = tmp_path / "checkpoints" / "step-3"
+    marker = tmp_path / "pwned"
+    _plant(ckpt, "pytorch_model_fsdp_0/.metadata", pickle.dumps(_Evil(marker)))
+    assert checkpoint.verify(ckpt) is None  # looks intact: the manifest was rewritten to match
+    with pytest.raises(ValueError, match=r"pytorch_model_fsdp_0/.metadata cannot be read as data only"):
+        checkpoint.load_weights(ckpt, None)
     assert not marker.exists()

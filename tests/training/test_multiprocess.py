@@ -109,6 +109,64 @@ def test_rank_shards_are_disjoint_and_cover_the_epoch():
         assert resumed == ranks[1][5:]
 
 
+def test_checkpoint_weights_are_keyed_like_the_unwrapped_model(equivalence):
+    """accelerate 1.15's save_state under DDP writes model.safetensors without DDP's "module." prefix
+    (what evaluation and a 1-process resume rely on); evaluation loads it through checkpoint.py."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    _, two = equivalence
+    ckpt = run_dir(two) / "checkpoints" / "step-0000020"
+    with safe_open(str(ckpt / checkpoint.WEIGHTS), "pt") as f:
+        keys = set(f.keys())
+    model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(run_dir(two) / "model_config"))
+    assert keys == set(model.state_dict()) and not any(k.startswith("module.") for k in keys)
+    checkpoint.load_weights(ckpt, model)
+    final = final_weights(run_dir(two))
+    assert all(torch.equal(v, final[k]) for k, v in model.state_dict().items())
+
+
+# ---------------------------------------------------------------- elastic resume: another process count
+
+
+@pytest.fixture(scope="module")
+def elastic(base, equivalence, tmp_path_factory):
+    """Resume the 2-process run's step-8 checkpoint with 1 process at batch 16, and the 1-process run's
+    with 2 processes at batch 8 (same global batch 16), side by side, each in a fresh run folder."""
+    one, two = equivalence
+    to_one, to_two = _clone(base, tmp_path_factory, "to_one"), _clone(base, tmp_path_factory, "to_two")
+    step8 = "checkpoints/step-0000008"
+    single = launch(to_one, "--resume", str(run_dir(two) / step8), "model.dropout=0.0", "train.batch_size=16")
+    multi = launch_two_processes(to_two, "--resume", str(run_dir(one) / step8), "model.dropout=0.0",
+                                 "train.gradient_checkpointing=false")
+    codes = wait_all([single, multi], timeout=300)
+    assert codes == [0, 0], log_text(to_one)[-2000:] + log_of(to_two, "multi")[-3000:]
+    return to_one, to_two
+
+
+def test_elastic_resume_continues_the_run_with_another_process_count(equivalence, elastic):
+    """2 -> 1 and 1 -> 2 processes at the same global batch: steps 9-20 equal the uninterrupted runs'
+    within the fp32 summation-order tolerance of the 1-vs-2-process test (dropout off)."""
+    one, two = equivalence
+    for resumed, ref, log in ((elastic[0], two, log_text(elastic[0])), (elastic[1], one, log_of(elastic[1], "multi"))):
+        got, want = _losses(resumed), [(s, x) for s, x in _losses(ref) if s > 8]
+        assert [s for s, _ in got] == [s for s, _ in want] == list(range(9, STEPS + 1))
+        assert max(abs(x - y) for (_, x), (_, y) in zip(got, want)) <= TOL
+        wa, wb = final_weights(run_dir(resumed)), final_weights(run_dir(ref))
+        assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= TOL
+        assert "resuming from" in log and "each rank restores the RNG state of saved rank" in log
+
+
+def test_a_changed_global_batch_is_refused_in_one_line(equivalence, tmp_path):
+    _, two = equivalence
+    cfg = clone_prepared(two, tmp_path / "other")
+    proc = launch(cfg, "--resume", str(run_dir(two) / "checkpoints" / "step-0000008"), "model.dropout=0.0")
+    assert proc.wait(timeout=120) == 2
+    err = [line for line in log_text(cfg).splitlines() if "global batch" in line]
+    assert len(err) == 1 and "8 x 2 x 1 (batch_size x processes x grad_accum) = 16 in the checkpoint, " \
+        "8 x 1 x 1 = 8 in this run" in err[0] and "train.batch_size=16" in err[0], log_text(cfg)[-2000:]
+
+
 # ---------------------------------------------------------------- two machines on one host
 
 

@@ -1,8 +1,10 @@
-"""RNG and optimizer states round-trip exactly through JSON and safetensors; a broken RNG state is
-an error, not a log line."""
+"""RNG states round-trip exactly through JSON, and a broken one is an error, not a log line; every
+pickle a checkpoint can hold is read as data only, and planted code never runs."""
 
 from __future__ import annotations
 
+import io
+import pickle
 import random
 
 import numpy as np
@@ -33,21 +35,63 @@ def test_broken_rng_state_is_an_error():
         state_io.set_rng_state(saved, "x")
 
 
-def test_optimizer_state_round_trips_exactly(tmp_path):
+class _Evil:
+    """Unpickling this creates the marker file: the proof that code ran."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_real_states_pass_the_data_only_check(tmp_path):
+    """What accelerate's save_state and torch's DCP really write: optimizer, RNG (numpy arrays inside),
+    scaler-like dicts, and a DCP folder's .metadata, all readable as data only."""
+    import torch.distributed.checkpoint as dcp
+
     model = torch.nn.Linear(4, 3)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(3):
-        model(torch.randn(2, 4)).sum().backward()
-        opt.step()
-    state_io.save_optimizer(opt.state_dict(), tmp_path / "o.safetensors", tmp_path / "o.json")
-    loaded = state_io.load_optimizer(tmp_path / "o.safetensors", tmp_path / "o.json")
-    opt2 = torch.optim.AdamW(torch.nn.Linear(4, 3).parameters(), lr=1.0)
-    opt2.load_state_dict(loaded)
-    a, b = opt.state_dict(), opt2.state_dict()
-    assert a["param_groups"] == b["param_groups"]
-    for pid in a["state"]:
-        for k, v in a["state"][pid].items():
-            assert torch.equal(v, b["state"][pid][k])
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    torch.save(opt.state_dict(), tmp_path / "optimizer.bin")
+    torch.save({"step": 3, "random_state": random.getstate(), "numpy_random_seed": np.random.get_state(),
+                "torch_manual_seed": torch.get_rng_state()}, tmp_path / "random_states_0.pkl")
+    torch.save({"scale": 65536.0, "growth_factor": 2.0, "_growth_tracker": 0}, tmp_path / "scaler.pt")
+    dcp.save({"model": model.state_dict()}, checkpoint_id=str(tmp_path / "pytorch_model_fsdp_0"), no_dist=True)
+    state_io.check_no_code(tmp_path)  # no error
+
+
+@pytest.mark.parametrize("name", ["optimizer.bin", "random_states_0.pkl", "scaler.pt", "pytorch_model_fsdp.bin",
+                                  "pytorch_model/mp_rank_00_model_states.pt", "optimizer_0/.metadata"])
+@pytest.mark.parametrize("how", ["pickle", "torch.save"])
+def test_planted_code_is_refused_before_anything_reads_it(tmp_path, name, how):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "ckpt" / name
+    path.parent.mkdir(parents=True)
+    if how == "pickle":
+        path.write_bytes(pickle.dumps(_Evil(marker)))
+    else:
+        buffer = io.BytesIO()
+        torch.save(_Evil(marker), buffer)  # the zip format torch.load reads
+        path.write_bytes(buffer.getvalue())
+    with pytest.raises(ValueError, match=f"{name} cannot be read as data only"):
+        state_io.check_no_code(tmp_path / "ckpt")
+    assert not marker.exists()
+
+
+def test_dcp_metadata_unpickler_knows_exact_names_only(tmp_path):
+    """A dotted global reaches through a module's imports (metadata.os.system): refused by name."""
+    payload = b"\x80\x04\x8c%torch.distributed.checkpoint.metadata\x94\x8c\tos.system\x94\x93\x94."
+    (tmp_path / ".metadata").write_bytes(payload)
+    with pytest.raises(ValueError, match=r"\.metadata cannot be read as data only \(UnpicklingError: refused global"):
+        state_io.check_no_code(tmp_path)
+
+
+def test_accelerate_custom_object_pickles_are_refused(tmp_path):
+    torch.save({"a": 1}, tmp_path / "custom_checkpoint_0.pkl")  # harmless content, refused by name
+    with pytest.raises(ValueError, match="custom_checkpoint_0.pkl is an accelerate custom-object pickle"):
+        state_io.check_no_code(tmp_path)
 
 
 def test_scheduler_with_a_callable_object_is_refused():

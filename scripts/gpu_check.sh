@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# GPU check of the checkpoint format (issue 11). Not run yet: no GPU machine was lent to the session
+# that wrote it. Under 8 minutes on one GPU (estimate: prepare ~2 min, the runs ~3 min side by side).
+# Its kill/resume/compare plumbing was dry-run on CPU (configs/tiny.yaml, one variant in fp32, no
+# FSDP, no loader part): 120 steps, killed after 70, resumed from step 40, == (113 s).
+#
+# Needs: one CUDA GPU; torch 2.13 CUDA build installed first, then scripts/setup.sh (accelerate,
+# transformers, safetensors, datasets, numpy: the pinned versions of constraints.txt). Nothing else.
+#
+# For each of fp16, bf16 (one process, python pipeline/train.py) and FSDP2 (accelerate launch with
+# configs/accelerate/fsdp.yaml on 1 process, bf16): an uninterrupted run of the default config
+# (MiniLM, 120 steps, a checkpoint every 40) and, beside it, a run SIGKILLed after step 70 and resumed
+# with --resume auto. Per-step loss/lr/grad-norm and final weights must be equal (==); the table
+# gives the largest difference where they are not. Then the loader: batches per second of the
+# train split copied to the GPU with pin_memory + non_blocking (what training does on a GPU) and
+# with neither. Results: $OUT/gpu_check.md (also printed). Exit 1 if any run differs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-outputs/gpu_check}
+STEPS=120 SAVE=40 KILL_AFTER=70
+COMMON=(train.max_steps=$STEPS train.save_every=$SAVE train.eval_every=60 train.deterministic=true train.log_every=1)
+export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA GPU visible')"
+rm -rf "$OUT" && mkdir -p "$OUT"
+start=$(date +%s)
+
+python pipeline/prepare.py --config configs/default.yaml --quiet --num-proc 8 output_dir="$OUT/base" > "$OUT/prepare.log" 2>&1
+
+# variant -> launcher prefix and overrides
+launcher() {
+  case $1 in
+    fp16) echo "python pipeline/train.py";;
+    bf16) echo "python pipeline/train.py";;
+    fsdp2) echo "accelerate launch --config_file configs/accelerate/fsdp.yaml --num_processes 1 pipeline/train.py";;
+  esac
+}
+precision() { case $1 in fp16) echo train.mixed_precision=fp16;; bf16) echo train.mixed_precision=bf16;; fsdp2) echo;; esac; }
+
+run() {  # run VARIANT NAME [extra args...]: one training run in $OUT/VARIANT-NAME, sharing base's prepared data
+  local v=$1 name=$2; shift 2
+  local dir="$OUT/$v-$name"
+  mkdir -p "$dir" && ln -sfn "$(realpath "$OUT/base/data")" "$dir/data"
+  $(launcher "$v") --config configs/default.yaml output_dir="$dir" "${COMMON[@]}" $(precision "$v") "$@" \
+    >> "$dir/train.log" 2>&1
+}
+
+kill_tree() {  # SIGKILL a process and all its descendants, by pid (torchrun puts workers in sessions of their own)
+  local child
+  for child in $(ps -o pid= --ppid "$1"); do kill_tree "$child"; done
+  kill -KILL "$1" 2>/dev/null || true
+}
+
+logged() {  # logged METRICS STEP: has a training record reached STEP?
+  python - "$1" "$2" <<'EOF' 2>/dev/null
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().endswith("}")]
+sys.exit(0 if any(r.get("step", 0) >= int(sys.argv[2]) and "loss" in r for r in rows) else 1)
+EOF
+}
+
+killed_chain() {  # start, SIGKILL the whole process tree once step KILL_AFTER is logged, resume
+  local v=$1 dir="$OUT/$1-resumed"
+  run "$v" resumed &
+  local pid=$!
+  until logged "$dir/run/metrics.jsonl" "$KILL_AFTER"; do
+    kill -0 "$pid" 2>/dev/null || { echo "$v: the run ended before step $KILL_AFTER (see $dir/train.log)"; return 1; }
+    sleep 0.2
+  done
+  kill_tree "$pid"
+  wait "$pid" 2>/dev/null || true
+  echo "killed after step $KILL_AFTER" >> "$dir/train.log"
+  run "$v" resumed --resume auto
+}
+
+for v in fp16 bf16 fsdp2; do
+  run "$v" ref &
+  killed_chain "$v" &
+done
+wait
+
+python - "$OUT" "$start" <<'EOF' | tee "$OUT/gpu_check.md"
+import json, sys, time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+out, start = Path(sys.argv[1]), float(sys.argv[2])
+def rows(d):
+    recs = [json.loads(l) for l in (d / "run" / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    return [(r["step"], r["loss"], r["lr"], r["grad_norm"]) for r in recs if "loss" in r and "eval" not in r and "event" not in r]
+print("| variant | steps | resumed from | losses == | max loss diff | weights == | max weight diff |")
+print("|---|---|---|---|---|---|---|")
+bad = False
+for v in ("fp16", "bf16", "fsdp2"):
+    ref, res = out / f"{v}-ref", out / f"{v}-resumed"
+    a, b = rows(ref), rows(res)
+    wa, wb = load_file(str(ref / "run/final/model.safetensors")), load_file(str(res / "run/final/model.safetensors"))
+    dl = max((abs(x[1] - y[1]) for x, y in zip(a, b)), default=float("nan"))
+    dw = max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
+    same = a == b and all(torch.equal(wa[k], wb[k]) for k in wa)
+    bad |= not same
+    frm = [l for l in (res / "train.log").read_text().splitlines() if "resuming from" in l]
+    print(f"| {v} | {len(b)} | {Path(frm[-1].split('resuming from ')[1].split(' at ')[0]).name if frm else 'NOT RESUMED'} | {a == b} | {dl:.3g} | "
+          f"{all(torch.equal(wa[k], wb[k]) for k in wa)} | {dw:.3g} |")
+print(f"\nruns took {time.time() - start:.0f} s in all (prepare included)")
+sys.exit(1 if bad else 0)
+EOF
+status=${PIPESTATUS[0]}
+
+python - "$OUT/base" <<'EOF' | tee -a "$OUT/gpu_check.md"
+# what pinned memory + non_blocking copies buy: train-split batches (as the loop makes them) to the GPU
+import sys, time
+from pathlib import Path
+
+import numpy as np
+import torch
+from datasets import load_from_disk
+
+from pipeline import artifacts
+from pipeline.training import batching
+
+info = artifacts.read_json(Path(sys.argv[1]) / "data" / "prepared.json")
+ds = load_from_disk(str(Path(info["stage_dir"]) / "data"))["train"]
+order = batching.epoch_order(np.asarray(ds["length"][:]), 42, 0, 32, True)
+collate = batching.Collator(0, 8, 64)
+w = torch.randn(64, 64, device="cuda")
+print("\n| loader | batches/s |\n|---|---|")
+for pin in (False, True):
+    loader = batching.make_loader(ds, batching.RankBatches(order, 0, 32, 0, min(400, len(order))), collate, 2, pin_memory=pin)
+    torch.cuda.synchronize(); t = time.perf_counter(); n = 0
+    for batch in loader:
+        batch = {k: v.to("cuda", non_blocking=pin) for k, v in batch.items()}
+        (batch["input_ids"].float() @ w[: batch["input_ids"].shape[1]]).sum()  # some GPU work to overlap with
+        n += 1
+    torch.cuda.synchronize()
+    print(f"| pin_memory={pin}, non_blocking={pin} | {n / (time.perf_counter() - t):.0f} |")
+EOF
+exit "$status"
