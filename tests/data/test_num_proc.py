@@ -27,7 +27,7 @@ def _prepare(tmp_path: Path, num_proc: int) -> Path:
     tree = yaml.safe_load(DEFAULT_CONFIG.read_text(encoding="utf-8"))
     tree["output_dir"] = str(tmp_path / f"np{num_proc}")
     tree["source"]["max_rows"] = ROWS
-    tree["dedup"]["num_proc"] = tree["tokenize"]["num_proc"] = num_proc
+    tree["prepare"] = {"num_proc": num_proc}
     path = tmp_path / f"np{num_proc}.yaml"
     path.write_text(yaml.safe_dump(tree), encoding="utf-8")
     cfg = load_config(path)

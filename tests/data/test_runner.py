@@ -148,7 +148,7 @@ def test_cli_error_is_one_line(tmp_path):
 
 def test_num_proc_does_not_invalidate_the_cache(tmp_path):
     runner.run(_cfg(tmp_path), progress=False)
-    rows = runner.run(_cfg(tmp_path, "dedup.num_proc=2", "tokenize.num_proc=2"), progress=False)
+    rows = runner.run(_cfg(tmp_path, "prepare.num_proc=2"), progress=False)
     assert all(r["cached"] for r in rows)
 
 
