@@ -15,8 +15,10 @@ What moves and what stays (the engines differ in how they move data, never in wh
      are min-reduced and pointer-jumped, until nothing changes; edges never come to the driver);
   5. the kept row, the report and its similarities: dedup.py's order-free rule, as locally.
   Both give each text the smallest index of its component, so the plan is the local one exactly.
-- Everything else (load, the split assignment and leakage check, the tokenizer's training, the
-  plan of which row to keep, writing the stage folders) runs on the driver, as locally.
+- The leakage check (split): the same shuffle over train + validation/test, keeping only the pairs
+  across the two sides (a band-key join), verified; each query's best match chosen as locally.
+- Everything else (load, the split assignment, the tokenizer's training, the plan of which row to
+  keep, writing the stage folders) runs on the driver, as locally.
 
 A task whose worker dies is rerun by Ray up to `ray.max_retries` times; past that the stage fails
 with `StageFailed` (one line) and, since its folder is only renamed into place when complete,
@@ -28,6 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Any
@@ -157,7 +160,7 @@ class RayEngine:
             raise self._failed(what, e) from None
 
     def _failed(self, what: str, e: Exception) -> StageFailed:
-        first = (str(e).strip().splitlines() or [""])[0][:200]
+        first = re.sub(r"\x1b\[[0-9;]*m", "", (str(e).strip().splitlines() or [""])[0])[:200]  # no colour codes
         return StageFailed(f"{what} on Ray failed: a worker was lost and ray.max_retries={self.cfg.max_retries} "
                            f"reruns did not finish it ({type(e).__name__}: {first}); nothing of this stage was "
                            f"saved: run prepare again (the stages before it are reused)")
@@ -188,31 +191,55 @@ class RayEngine:
         return datasets.Dataset(out)
 
     # ------------------------------------------------------------ dedup
-    def near_clusters(self, texts: list[str], cfg: Any) -> tuple[np.ndarray, Any, dict]:
-        """dedup._near_clusters's three answers (labels, Jaccard of pairs, stats), from tasks on Ray."""
-        from pipeline.data.dedup import near_stats
-
+    def _verified_pairs(self, texts: list[str], cfg: Any, threshold: float, normalized: bool, split_at: int = 0):
+        """Verified similar pairs among `texts` through the shuffle: (edge refs, candidates, verified,
+        block starts, sketch refs, bands, rows). split_at > 0: only pairs i < split_at <= j (a join)."""
         ray = _import_ray()
-        b, r = minhash.lsh_params(cfg.threshold, cfg.num_perm, cfg.bands, cfg.rows, cfg.verify)
+        b, r = minhash.lsh_params(threshold, cfg.num_perm, cfg.bands, cfg.rows, cfg.verify)
         n, nb = len(texts), self.blocks(len(texts))
         parts = nb  # shuffle partitions
         starts = np.linspace(0, n, nb + 1).astype(np.int64)
         sketch = ray.remote(_sketch_block).options(num_returns=1 + parts, **self._options())
-        mapped = [sketch.remote(texts[s:e], int(s), cfg, b, r, parts) for s, e in zip(starts[:-1], starts[1:])]
+        mapped = [sketch.remote(texts[s:e], int(s), cfg, b, r, parts, normalized) for s, e in zip(starts[:-1], starts[1:])]
         sketches = [m[0] for m in mapped]
         group = ray.remote(_band_pairs).options(num_returns=parts, **self._options())
-        grouped = [_as_list(group.remote(n, parts, *[m[1 + p] for m in mapped])) for p in range(parts)]
+        grouped = [_as_list(group.remote(n, parts, split_at, *[m[1 + p] for m in mapped])) for p in range(parts)]
         verify = ray.remote(_verify).options(num_returns=3, **self._options())
-        checked = [verify.remote(cfg, starts, nb, *sketches, *[g[q] for g in grouped]) for q in range(parts)]
-        counts = np.array(self._get([c[2] for c in checked], "dedup (signatures, LSH, verification)"))
-        candidates, verified = (int(x) for x in counts.sum(axis=0)) if len(counts) else (0, 0)
+        checked = [verify.remote(cfg, threshold, starts, nb, *sketches, *[g[q] for g in grouped]) for q in range(parts)]
+        counts = np.array(self._get([c[2] for c in checked], "MinHash (signatures, LSH, verification)"))
+        candidates, verified = (int(x) for x in counts.sum(axis=0))
+        return [c[:2] for c in checked], candidates, verified, starts, sketches, b, r
+
+    def near_clusters(self, texts: list[str], cfg: Any) -> tuple[np.ndarray, Any, dict]:
+        """dedup._near_clusters's three answers (labels, Jaccard of pairs, stats), from tasks on Ray."""
+        from pipeline.data.dedup import near_stats
+
+        checked, candidates, verified, starts, sketches, b, r = self._verified_pairs(texts, cfg, cfg.threshold, True)
         edge_refs = [c[0] for c in checked]
         if verified <= self.cfg.driver_edges:
-            edges = np.concatenate(self._get(edge_refs, "dedup (collecting pairs)")) if edge_refs else np.zeros((0, 2))
-            labels = minhash.union_find(n, edges.astype(np.int64).reshape(-1, 2))
+            edges = np.concatenate(self._get(edge_refs, "dedup (collecting pairs)"))
+            labels = minhash.union_find(len(texts), edges.astype(np.int64).reshape(-1, 2))
         else:
-            labels = self._components(n, edge_refs)
-        return labels, functools.partial(self._jaccard, starts, sketches), near_stats(candidates, verified, cfg, b, r, nb)
+            labels = self._components(len(texts), edge_refs)
+        stats = near_stats(candidates, verified, cfg, b, r, len(sketches))
+        return labels, functools.partial(self._jaccard, starts, sketches), stats
+
+    def cross_duplicates(self, reference_texts: list[str], query_texts: list[str], cfg: Any, threshold: float,
+                         num_proc: int = 1) -> list[tuple[int, int, float]]:
+        """minhash.cross_duplicates's answer (each query text's most similar reference text at Jaccard >=
+        threshold, ties to the smallest reference index): a band-key join of the two sides, verified."""
+        reference_texts, query_texts = minhash._as_list(reference_texts), minhash._as_list(query_texts)
+        if not reference_texts or not query_texts:
+            return []
+        nr = len(reference_texts)
+        checked, *_ = self._verified_pairs(reference_texts + query_texts, cfg, threshold, False, split_at=nr)
+        found = self._get([x for c in checked for x in c], "the leakage check")
+        pairs, sim = np.concatenate(found[0::2]).reshape(-1, 2), np.concatenate(found[1::2])
+        order = np.lexsort((pairs[:, 0], -sim, pairs[:, 1]))  # by query, highest Jaccard, smallest reference
+        pairs, sim = pairs[order], sim[order]
+        first = np.ones(len(pairs), dtype=bool)
+        first[1:] = pairs[1:, 1] != pairs[:-1, 1]
+        return [(q - nr, i, s) for (i, q), s in zip(pairs[first].tolist(), sim[first].tolist())]
 
     def _components(self, n: int, edge_refs: list) -> np.ndarray:
         """(n,) the smallest index of each node's component, the edges staying in their shards."""
@@ -258,9 +285,9 @@ def _partition_of(keys: np.ndarray, parts: int) -> np.ndarray:
     return (fmix64(keys.astype(U64)) % U64(parts)).astype(np.int64)
 
 
-def _sketch_block(texts: list[str], start: int, cfg: Any, bands: int, rows: int, parts: int) -> list:
+def _sketch_block(texts: list[str], start: int, cfg: Any, bands: int, rows: int, parts: int, normalized: bool) -> list:
     """[the block's Sketch, then per partition an (M, 3) uint64 array of (band, key, text index)]."""
-    sk = minhash._sketch_chunk(texts, cfg.shingle, cfg.ngram, cfg.num_perm, cfg.seed, True)
+    sk = minhash._sketch_chunk(texts, cfg.shingle, cfg.ngram, cfg.num_perm, cfg.seed, normalized)
     keys = minhash._band_keys(sk.sig, bands, rows)  # (bands, m)
     band = np.repeat(np.arange(bands, dtype=U64), len(texts))
     row = np.tile(np.arange(start, start + len(texts), dtype=U64), bands)
@@ -269,9 +296,10 @@ def _sketch_block(texts: list[str], start: int, cfg: Any, bands: int, rows: int,
     return [sk, *[triples[where == p] for p in range(parts)]]
 
 
-def _band_pairs(n: int, parts: int, *triples: np.ndarray) -> Any:
+def _band_pairs(n: int, parts: int, split_at: int, *triples: np.ndarray) -> Any:
     """Candidate pairs i < j of one band-key partition (texts equal on a whole band), as pair codes
-    i * n + j split by a hash of the code into `parts` (a pair found in several bands meets itself)."""
+    i * n + j split by a hash of the code into `parts` (a pair found in several bands meets itself);
+    with split_at > 0 only the pairs across it (i < split_at <= j)."""
     t = np.concatenate(triples) if triples else np.zeros((0, 3), dtype=U64)
     t = t[np.lexsort((t[:, 2], t[:, 1], t[:, 0]))]  # by band, key, then text index
     head = np.ones(len(t), dtype=bool)
@@ -280,6 +308,8 @@ def _band_pairs(n: int, parts: int, *triples: np.ndarray) -> Any:
     sizes = np.diff(np.append(starts, len(t)))
     members = t[:, 2].astype(np.int64)[np.repeat(sizes > 1, sizes)]
     pairs = minhash._pairs_within_groups(members, sizes[sizes > 1]) if (sizes > 1).any() else np.zeros((0, 2), np.int64)
+    if split_at:
+        pairs = pairs[(pairs[:, 0] < split_at) & (pairs[:, 1] >= split_at)]
     codes = np.unique(pairs[:, 0] * n + pairs[:, 1])
     where = _partition_of(codes, parts)
     out = [codes[where == p] for p in range(parts)]
@@ -310,14 +340,14 @@ def _jaccard_of(pairs: np.ndarray, starts: np.ndarray, blocks: tuple, verify: bo
     return minhash.ShingleSets(sk, local).jaccard(local)
 
 
-def _verify(cfg: Any, starts: np.ndarray, nb: int, *args: Any) -> tuple:
+def _verify(cfg: Any, threshold: float, starts: np.ndarray, nb: int, *args: Any) -> tuple:
     """(verified pairs (K, 2), their Jaccard (K,), [candidates, verified]) of one pair partition,
     kept as near_duplicate_pairs keeps them: Jaccard >= threshold (exact when cfg.verify)."""
     blocks, codes = args[:nb], np.unique(np.concatenate(args[nb:]))
     n = int(starts[-1])
     pairs = np.stack([codes // n, codes % n], axis=1) if len(codes) else np.zeros((0, 2), dtype=np.int64)
     sim = _jaccard_of(pairs, starts, blocks, cfg.verify) if len(pairs) else np.zeros(0)
-    ok = sim >= cfg.threshold - 1e-12
+    ok = sim >= threshold - 1e-12
     return pairs[ok], sim[ok], [len(pairs), int(ok.sum())]
 
 

