@@ -32,6 +32,7 @@ import logging
 import os
 import re
 import socket
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -181,10 +182,12 @@ class RayEngine:
         table = ds.with_format("arrow")[:]  # the rows in order, a `select`'s indices applied
         bounds = np.linspace(0, table.num_rows, self.blocks(table.num_rows) + 1).astype(int).tolist()
         blocks = [table.slice(s, e - s) for s, e in zip(bounds[:-1], bounds[1:])]
-        mapped = ray.data.from_arrow(blocks).map_batches(
-            _apply, fn_args=(fn, removed, features.arrow_schema), batch_format="pyarrow", batch_size=batch_size,
-            num_cpus=self.cfg.cpus_per_task, memory=self.cfg.memory_per_task_mb * 2**20 or None,
-            ray_remote_args_fn=functools.partial(dict, max_retries=self.cfg.max_retries))
+        with warnings.catch_warnings():  # Ray 2.60 takes max_retries only this way (deprecated for 2.64;
+            warnings.simplefilter("ignore")  # its default, -1, would retry a dying task forever)
+            mapped = ray.data.from_arrow(blocks).map_batches(
+                _apply, fn_args=(fn, removed, features.arrow_schema), batch_format="pyarrow", batch_size=batch_size,
+                num_cpus=self.cfg.cpus_per_task, memory=self.cfg.memory_per_task_mb * 2**20 or None,
+                ray_remote_args_fn=functools.partial(dict, max_retries=self.cfg.max_retries))
         import pyarrow as pa
 
         out = pa.concat_tables(self._get(mapped.to_arrow_refs(), desc))
