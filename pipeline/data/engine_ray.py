@@ -97,7 +97,7 @@ def start_local(cfg: RayConfig) -> None:
     try:
         ray.init(num_cpus=cfg.num_cpus or None, include_dashboard=False, log_to_driver=False,
                  object_store_memory=cfg.object_store_mb * 2**20 if cfg.object_store_mb else None,
-                 logging_level="WARNING", configure_logging=True)
+                 logging_level="ERROR", configure_logging=True)
     finally:
         os.environ["PYTHONPATH"] = path
         if not path:
@@ -115,7 +115,8 @@ class RayEngine:
         data = DataContext.get_current()
         data.execution_options.preserve_order = True  # blocks come back in the order they went in
         data.enable_progress_bars = False  # prepare draws its own table; Ray's bars are per operator
-        logging.getLogger("ray.data").setLevel(logging.WARNING)  # no "Starting execution of ..." per map
+        logging.getLogger("ray.data").setLevel(logging.ERROR)  # no "Starting execution of ..." per map, no
+        # "Progress bars disabled" (prepare prints one table; a user sees what fails, not what Ray chose)
         self.cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
 
     @classmethod
@@ -129,7 +130,7 @@ class RayEngine:
             return cls(cfg, started=True)
         check_address(cfg.address, cfg.connect_timeout_s)
         try:  # the cluster's nodes need this code at the same path (as training's machines do)
-            ray.init(address=cfg.address, log_to_driver=False, logging_level="WARNING",
+            ray.init(address=cfg.address, log_to_driver=False, logging_level="ERROR",
                      runtime_env={"env_vars": {"PYTHONPATH": str(REPO_ROOT)}})
         except (ConnectionError, RuntimeError, TimeoutError) as e:
             raise ValueError(f"ray.address={cfg.address}: cannot join the cluster: {' '.join(str(e).split())}") from None

@@ -229,3 +229,13 @@ def test_an_unreachable_address_is_one_line_not_a_hang(tmp_path, address):
     assert out.stderr.strip().splitlines() == [
         f"error: ray.address={address}: nothing answers at 127.0.0.1:9 within 2 s (ray.connect_timeout_s); start the "
         f"cluster or fix the address, or set ray.address= (empty) to start a local Ray"]
+
+
+def test_auto_follows_ray_address_and_fails_fast_when_nothing_answers(monkeypatch):
+    from pipeline.data.engine_ray import check_address
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
+    with pytest.raises(ValueError, match=r"^ray.address=auto: nothing answers at 127.0.0.1:9 within 1 s"):
+        check_address("auto", 1.0)
+    with pytest.raises(ValueError, match=r"^ray.address='nonsense' is not auto, host:port or ray://host:port$"):
+        check_address("nonsense", 1.0)
