@@ -83,7 +83,6 @@ class DedupConfig:
     rows: int = opt(0, "LSH rows per band; 0 = chosen from threshold and num_perm (with bands)", bounds="[0, inf)")
     verify: bool = opt(True, "check candidate pairs with exact Jaccard and drop false positives")
     seed: int = opt(1, "seed of the MinHash permutations", bounds="[0, 4294967295]")
-    num_proc: int = opt(1, "processes for signature computation", bounds="[1, inf)")
 
 
 @dataclass(frozen=True)
@@ -117,7 +116,36 @@ class TokenizeConfig:
     vocab_size: int = opt(8000, "vocabulary size of a newly trained tokenizer", bounds="[258, inf)")
     min_frequency: int = opt(2, "least count of a token kept by a newly trained tokenizer", bounds="[0, inf)")
     max_length: int = opt(128, "truncate to this many tokens (padding happens per batch in training)", bounds="[2, inf)")
-    num_proc: int = opt(1, "processes for tokenization", bounds="[1, inf)")
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    """How prepare runs the stages; never part of a stage's fingerprint (the output is the same, tested)."""
+
+    engine: str = opt("local", "where the stages run: this process (and its worker processes), or Ray Data",
+                      ("local", "ray"))
+    num_proc: int = opt(1, "local engine: processes for clean (one per 5,000 rows at most) and for the MinHash "
+                        "signatures of dedup and the leakage check (one per 2,000 documents); tokenize is "
+                        "multi-threaded by the tokenizers library already", bounds="[1, inf)")
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    address: str = opt("", "Ray cluster: empty = start a local Ray on this machine; `auto` or host:port or "
+                       "ray://host:port = join a running cluster")
+    num_cpus: int = opt(0, "CPUs of a local Ray started by prepare (0 = all of this machine's)", bounds="[0, inf)")
+    object_store_mb: int = opt(0, "object store of a local Ray started by prepare, MiB (0 = Ray's default)",
+                               bounds="[0, inf)")
+    blocks: int = opt(0, "Arrow blocks each stage's rows are cut into (0 = 4 per CPU of the cluster)",
+                      bounds="[0, inf)")
+    cpus_per_task: float = opt(1.0, "CPUs each Ray task reserves", bounds="(0, inf)")
+    memory_per_task_mb: int = opt(0, "memory each Ray task reserves, MiB (0 = no reservation)", bounds="[0, inf)")
+    max_retries: int = opt(3, "times Ray reruns a task whose worker died (killed, out of memory) before the "
+                           "stage fails", bounds="[0, inf)")
+    driver_edges: int = opt(50_000_000, "dedup: verified pairs up to which connected components run on the "
+                            "driver (union-find); above, by distributed min-label propagation", bounds="[0, inf)")
+    connect_timeout_s: float = opt(10.0, "seconds to wait for a Ray address to answer before failing",
+                                   bounds="(0, inf)")
 
 
 @dataclass(frozen=True)
@@ -181,6 +209,8 @@ class Config:
     split: SplitConfig = field(default_factory=SplitConfig, metadata={"help": "train/validation/test split"})
     label: LabelConfig = field(default_factory=LabelConfig, metadata={"help": "labels to class ids"})
     tokenize: TokenizeConfig = field(default_factory=TokenizeConfig, metadata={"help": "tokenization"})
+    prepare: PrepareConfig = field(default_factory=PrepareConfig, metadata={"help": "how prepare runs the stages"})
+    ray: RayConfig = field(default_factory=RayConfig, metadata={"help": "the Ray cluster of prepare.engine=ray"})
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "the model"})
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "training"})
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "evaluation"})
@@ -219,7 +249,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
+MOVED = {"dedup.num_proc": "prepare.num_proc", "tokenize.num_proc": "prepare.num_proc"}  # one setting now
+
+
 def _unknown_key(key: str, valid: list[str]) -> ConfigError:
+    if key in MOVED:
+        return ConfigError(f"config key '{key}' is now '{MOVED[key]}' (one setting for every stage); rename it")
     close = difflib.get_close_matches(key.rsplit(".", 1)[-1], valid, n=1)
     hint = f"; did you mean '{key.rsplit('.', 1)[0] + '.' if '.' in key else ''}{close[0]}'?" if close else ""
     return ConfigError(f"unknown config key '{key}'{hint}")

@@ -1,10 +1,13 @@
 """Prepare the data: load → clean → dedup → split → label → tokenize, each stage cached on disk.
 
     python pipeline/prepare.py --dedup minhash [--config configs/default.yaml] [section.key=value ...]
+    python pipeline/prepare.py --engine ray [ray.address=auto]     # the same stages on Ray Data
 """
 
 if __name__ == "__main__":  # run as a file: put the repository root, not pipeline/, on sys.path
     import _entrypoint  # noqa: F401
+
+import sys  # noqa: E402
 
 from pipeline.cli import quiet_libraries  # noqa: E402
 from pipeline.config import config_from_args, make_parser  # noqa: E402
@@ -17,15 +20,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dedup", choices=("none", "exact", "minhash"), help="shorthand for dedup.method=...")
     parser.add_argument("--force", action="store_true", help="redo every stage, cached or not")
     parser.add_argument("--from", dest="from_stage", choices=runner.STAGE_NAMES, help="redo this stage and the ones after it")
-    parser.add_argument("--num-proc", type=int, help="processes for the heavy stages (dedup, tokenize)")
+    parser.add_argument("--num-proc", type=int, help="shorthand for prepare.num_proc=N: local processes for clean "
+                        "and for the MinHash signatures of dedup and the leakage check")
+    parser.add_argument("--engine", choices=("local", "ray"), help="shorthand for prepare.engine=...: run the "
+                        "stages in this process, or on Ray Data (ray.address: a cluster, or a local Ray)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--verbose", action="store_true", help="also the libraries' progress bars and load reports")
     args = parser.parse_args(argv)
     quiet_libraries(args.verbose)
     cfg = config_from_args(
-        args, {"dedup.method": args.dedup, "dedup.num_proc": args.num_proc, "tokenize.num_proc": args.num_proc}
+        args, {"dedup.method": args.dedup, "prepare.num_proc": args.num_proc, "prepare.engine": args.engine}
     )
-    rows = runner.run(cfg, force=args.force, from_stage=args.from_stage, progress=not args.quiet)
+    try:
+        rows = runner.run(cfg, force=args.force, from_stage=args.from_stage, progress=not args.quiet)
+    except runner.StageFailed as e:  # a worker lost for good: one line, and no stage marked complete
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(runner.format_report(rows))
     print(f"prepared data: {cfg.data_dir}")
     return 0

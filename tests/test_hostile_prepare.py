@@ -77,7 +77,7 @@ def _data_overrides(tmp_path: Path, source: Path, *extra: str) -> list[str]:
 
 def _load(path: Path, **fields) -> object:
     fields = {"format": path.suffix.lstrip(".") or "csv", "path": str(path), "label_field": "label", **fields}
-    return sources.load(SourceConfig(**fields), StageContext(out_dir=path.parent))
+    return sources.load(None, SourceConfig(**fields), StageContext(out_dir=path.parent))
 
 
 # ---------------------------------------------------------------- item 1: an empty split

@@ -18,6 +18,7 @@ Words counted for min_words exclude the URL/mention replacement tokens ("[url]" 
 
 from __future__ import annotations
 
+import functools
 import html
 import re
 import unicodedata
@@ -148,14 +149,14 @@ def clean(ds, cfg: CleanConfig, ctx: StageContext) -> StageResult:
     import datasets
     import pyarrow.compute as pc
 
-    # one process per ~5k rows at most: below that, starting processes costs more than it saves
-    num_proc = min(ctx.num_proc, len(ds) // 5000) if ctx.num_proc > 1 else 1
-    common = {"num_proc": num_proc if num_proc > 1 else None, "keep_in_memory": True, "load_from_cache_file": False}
+    added = {"text": datasets.Value("string"), "_drop": datasets.Value("string"),
+             "_repaired": datasets.Value("bool"), "_suspect": datasets.Value("bool")}
     quiet = not ctx.progress and not datasets.are_progress_bars_disabled()  # restore what we found
     if quiet:
         datasets.disable_progress_bars()
-    try:
-        ds = ds.map(_clean_batch, fn_kwargs={"cfg": cfg}, batched=True, batch_size=1000, desc="clean", **common)
+    try:  # locally one process per ~5k rows at most: below that, starting processes costs more than it saves
+        ds = ctx.engine.map_batches(ds, functools.partial(_clean_batch, cfg=cfg), added, min_rows_per_proc=5000,
+                                    batch_size=1000, desc="clean", keep_in_memory=True, load_from_cache_file=False)
     finally:
         if quiet:
             datasets.enable_progress_bars()

@@ -22,11 +22,35 @@ class StageResult:
     stats: dict[str, Any] = field(default_factory=dict)  # anything else worth reporting (JSON-serialisable)
 
 
+class LocalEngine:
+    """How the stages move data by default: batches in this process, or in `num_proc` processes
+    where a stage fans out (clean's map, MinHash signatures). The Ray engine (engine_ray.py) has
+    the same methods; a stage calls them with the same per-batch functions, so the two engines
+    differ in where a batch is computed, never in what it becomes."""
+
+    name = "local"
+    near_clusters = None  # dedup's own in-process clustering (dedup._near_clusters)
+
+    def __init__(self, num_proc: int = 1):
+        self.num_proc = num_proc
+
+    def map_batches(self, ds: Any, fn: Any, added: dict, *, min_rows_per_proc: int = 0, **kwargs: Any) -> Any:
+        """`map_batches` below; in up to num_proc processes (one per `min_rows_per_proc` rows) when given."""
+        procs = min(self.num_proc, ds.num_rows // min_rows_per_proc) if min_rows_per_proc and self.num_proc > 1 else 1
+        return map_batches(ds, fn, added, **({"num_proc": procs} if procs > 1 else {}), **kwargs)
+
+
 @dataclass
 class StageContext:
     out_dir: Path  # the stage's (temporary) directory, for side files such as reports
-    num_proc: int = 1
+    num_proc: int = 1  # prepare.num_proc: processes of the local engine
     progress: bool = True
+    engine: Any = None  # LocalEngine (None: a local one with num_proc) or engine_ray.RayEngine
+    similarity: Any = None  # split: the DedupConfig whose MinHash settings the leakage check shares
+
+    def __post_init__(self):
+        if self.engine is None:
+            self.engine = LocalEngine(self.num_proc)
 
 
 def num_rows(data: Any) -> int:

@@ -75,22 +75,28 @@ def _exact_groups(norm: list[str], rank) -> np.ndarray:
     return kept
 
 
-def _near_clusters(reps: np.ndarray, norm: list[str], cfg: DedupConfig) -> tuple[np.ndarray, object, dict]:
-    """Union-find label of each representative (R,), exact Jaccard of pairs of them (a function
-    of (K, 2) positions in reps), and stats. Sketched from the normalized texts, which have the
-    raw texts' shingles and are folded already."""
-    sk, procs = minhash.sketch([norm[i] for i in reps.tolist()], cfg, cfg.num_proc, normalized=True)
-    found = minhash.near_duplicate_pairs(sk, cfg)
-    stats = {
-        "candidate_pairs": found.candidates,
-        "verified_pairs": len(found.pairs),
-        "false_positives_dropped": found.candidates - len(found.pairs),
+def near_stats(candidates: int, verified: int, cfg: DedupConfig, bands: int, rows: int, procs: int) -> dict:
+    """The manifest's MinHash counts, whichever engine found the pairs."""
+    return {
+        "candidate_pairs": candidates,
+        "verified_pairs": verified,
+        "false_positives_dropped": candidates - verified,
         "check": "exact_jaccard" if cfg.verify else "minhash_estimate",
-        "lsh_bands": found.bands,
-        "lsh_rows": found.rows,
+        "lsh_bands": bands,
+        "lsh_rows": rows,
         "signature_processes": procs,
     }
-    return minhash.union_find(len(reps), found.pairs), lambda pairs: _jaccard(sk, found, pairs), stats
+
+
+def _near_clusters(texts: list[str], cfg: DedupConfig, num_proc: int = 1) -> tuple[np.ndarray, object, dict]:
+    """Connected-component label of each text (R,) (the smallest index of its component), exact
+    Jaccard of pairs of them (a function of (K, 2) indices), and stats. `texts` are the exact groups'
+    normalized texts, which have the raw texts' shingles and are folded already. The Ray engine's
+    `near_clusters` gives the same three answers from the same minhash functions, spread over a cluster."""
+    sk, procs = minhash.sketch(texts, cfg, num_proc, normalized=True)
+    found = minhash.near_duplicate_pairs(sk, cfg)
+    stats = near_stats(found.candidates, len(found.pairs), cfg, found.bands, found.rows, procs)
+    return minhash.union_find(len(texts), found.pairs), lambda pairs: _jaccard(sk, found, pairs), stats
 
 
 def _jaccard(sk, found, pairs: np.ndarray) -> np.ndarray:
@@ -121,8 +127,9 @@ def _kept_per_rep(reps: np.ndarray, labels: np.ndarray, jaccard, rank) -> tuple[
     return kept, sim
 
 
-def plan_dedup(texts: list[str], ids: list[str], cfg: DedupConfig) -> Plan:
-    """Decide which rows to keep (method exact or minhash) and describe every cluster."""
+def plan_dedup(texts: list[str], ids: list[str], cfg: DedupConfig, num_proc: int = 1, near=None) -> Plan:
+    """Decide which rows to keep (method exact or minhash) and describe every cluster. `near`: the
+    engine's near-cluster search (default: in this process, signatures in `num_proc` processes)."""
     norm = [minhash.normalize_text(t) for t in texts]
     rank = _rank(norm, ids, texts)
     group = _exact_groups(norm, rank)
@@ -130,7 +137,8 @@ def plan_dedup(texts: list[str], ids: list[str], cfg: DedupConfig) -> Plan:
     stats: dict = {"method": cfg.method}
     kept_rep, sim_rep = reps, np.ones(len(reps))
     if cfg.method == "minhash":
-        labels, jaccard, more = _near_clusters(reps, norm, cfg)
+        rep_texts = [norm[i] for i in reps.tolist()]
+        labels, jaccard, more = near(rep_texts, cfg) if near else _near_clusters(rep_texts, cfg, num_proc)
         stats.update(more)
         kept_rep, sim_rep = _kept_per_rep(reps, labels, jaccard, rank)
     at = np.searchsorted(reps, group)  # (N,) each row's exact group, as a position in reps
@@ -178,7 +186,7 @@ def dedup(ds, cfg: DedupConfig, ctx: StageContext) -> StageResult:
     if cfg.method == "none":
         return StageResult(ds, {}, {"method": "none"})
     texts, ids = ds["text"][:], ds["id"][:]  # whole-column slices: lists, fast (iterating a Column is not)
-    plan = plan_dedup(texts, ids, cfg)
+    plan = plan_dedup(texts, ids, cfg, ctx.num_proc, ctx.engine.near_clusters)
     write_report(plan, texts, ids, ctx.out_dir / REPORT)
     near = int(plan.near.sum())
     dropped = {"exact_duplicate": len(plan.near) - near, "near_duplicate": near}

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config import TokenizeConfig
-from pipeline.data.common import SPLITS, StageContext, StageResult, column, map_batches
+from pipeline.data.common import SPLITS, StageContext, StageResult, column
 from pipeline.resolve import resolve_pretrained
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "merges.txt")
@@ -124,15 +124,16 @@ def length_stats(lengths: list[int], truncated: list[bool]) -> dict:
     }
 
 
-def encode(dd, cfg: TokenizeConfig, pretrained: str, ctx: StageContext) -> StageResult:
-    """DatasetDict with text -> + input_ids, attention_mask, length (tokens); tokenizer saved alongside."""
+def encode(dd, cfg: TokenizeConfig, ctx: StageContext) -> StageResult:
+    """DatasetDict with text -> + input_ids, attention_mask, length (tokens); tokenizer saved alongside.
+    cfg.pretrained is the resolved tokenizer name when kind=pretrained (the runner fills in model.name_or_path)."""
     from datasets import DatasetDict, List, Value
 
     # the columns `enc` adds, typed as datasets infers them from rows (it narrows these two names)
     encoded = {"input_ids": List(Value("int32")), "attention_mask": List(Value("int8")),
                "length": Value("int64"), "truncated": Value("bool")}
 
-    tok = build_tokenizer(column(dd["train"], "text"), cfg, pretrained, ctx.out_dir / "tokenizer")
+    tok = build_tokenizer(column(dd["train"], "text"), cfg, cfg.pretrained, ctx.out_dir / "tokenizer")
 
     def enc(batch):
         out = tok.encode_batch(batch["text"])
@@ -145,7 +146,7 @@ def encode(dd, cfg: TokenizeConfig, pretrained: str, ctx: StageContext) -> Stage
 
     result, stats = {}, {"kind": cfg.kind, "vocab_size": tok.get_vocab_size(), "max_length": cfg.max_length}
     for s in SPLITS:
-        mapped = map_batches(dd[s], enc, encoded, batch_size=1000, desc=f"tokenize {s}")
+        mapped = ctx.engine.map_batches(dd[s], enc, encoded, batch_size=1000, desc=f"tokenize {s}")
         stats[s] = length_stats(column(mapped, "length"), column(mapped, "truncated"))
         result[s] = mapped.remove_columns("truncated")
     return StageResult(DatasetDict(result), {}, stats)

@@ -7,7 +7,7 @@ import sys
 from collections import Counter, defaultdict
 
 from pipeline.config import LabelConfig
-from pipeline.data.common import SPLITS, StageContext, StageResult, column, map_batches
+from pipeline.data.common import SPLITS, StageContext, StageResult, column
 
 MISSING = "<missing>"  # how an empty raw label that no rule matched is reported
 
@@ -81,7 +81,7 @@ def label(dd, cfg: LabelConfig, ctx: StageContext) -> StageResult:
     out = {}
     for s in SPLITS:
         # an empty split is built with the final feature: cast_column does nothing on zero rows
-        mapped = map_batches(dd[s], to_id, {"label": ClassLabel(names=names)}, desc=f"label {s}")
+        mapped = ctx.engine.map_batches(dd[s], to_id, {"label": ClassLabel(names=names)}, desc=f"label {s}")
         kept = mapped.filter(lambda b: [i >= 0 for i in b["label"]], batched=True, desc=f"unknown labels {s}")
         out[s] = kept.cast_column("label", ClassLabel(names=names))
     dropped = {"unknown_label": sum(len(v) for k, v in bad.items() if k != MISSING), "missing_label": len(bad.get(MISSING, []))}

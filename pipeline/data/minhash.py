@@ -306,7 +306,7 @@ def _sharing_a_band(sig: np.ndarray, other: np.ndarray, bands: int, rows: int) -
 
 
 def cross_duplicates(
-    reference_texts: list[str], query_texts: list[str], cfg, threshold: float
+    reference_texts: list[str], query_texts: list[str], cfg, threshold: float, num_proc: int = 1
 ) -> list[tuple[int, int, float]]:
     """For each query text with a near-duplicate among the reference texts (Jaccard >= threshold):
     (query_index, reference_index, jaccard) of its most similar one (ties: smallest reference index),
@@ -321,8 +321,8 @@ def cross_duplicates(
         return []
     from datasketch import LeanMinHash, MinHashLSH
 
-    ref, _ = sketch(reference_texts, cfg, cfg.num_proc)
-    qry, _ = sketch(query_texts, cfg, cfg.num_proc)
+    ref, _ = sketch(reference_texts, cfg, num_proc)
+    qry, _ = sketch(query_texts, cfg, num_proc)
     b, r = lsh_params(threshold, cfg.num_perm, cfg.bands, cfg.rows, cfg.verify)
     lsh = MinHashLSH(num_perm=cfg.num_perm, params=(b, r))
     lean = functools.partial(LeanMinHash, seed=cfg.seed, scheme="affine32")

@@ -13,6 +13,7 @@ import statements, not from a list kept by hand), so editing any helper a stage 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import shutil
 import sys
 import time
@@ -24,8 +25,10 @@ import pipeline
 from pipeline import artifacts
 from pipeline.config import Config, pretrained_tokenizer_name
 from pipeline.data import clean, dedup, encode, label, sources, split
+from pipeline.data import engines
 from pipeline.data.common import StageContext, StageResult, num_rows
 
+StageFailed = engines.StageFailed
 PREPARED = "prepared.json"
 STAGE_NAMES = ("load", "clean", "dedup", "split", "label", "tokenize")
 SECTION_OF = {"load": "source"}  # the config section of a stage not named after it
@@ -33,24 +36,34 @@ SECTION_OF = {"load": "source"}  # the config section of a stage not named after
 
 @dataclass
 class Stage:
+    """Every stage function has one shape: fn(input, its config section, context) -> StageResult."""
+
     name: str
     fn: Callable[..., StageResult]  # the stage function; its module's import closure is its code
-    config: tuple  # the config sections (or values) this stage's output depends on, passed to fn in order
+    section: Any  # its config section, passed to fn
+    uses: tuple = ()  # other sections its output depends on (fingerprinted too), reached through the context
+
+    @property
+    def config(self) -> tuple:
+        """Every setting the stage's output depends on: what its fingerprint covers."""
+        return (self.section, *self.uses)
 
     def run(self, data: Any, ctx: StageContext) -> StageResult:
-        return self.fn(*(() if self.name == "load" else (data,)), *self.config, ctx)
+        return self.fn(data, self.section, ctx)
 
 
 def stage_table(cfg: Config) -> list[Stage]:
     """The pipeline, in order. Reads like a table of contents."""
-    tok_name = pretrained_tokenizer_name(cfg) if cfg.tokenize.kind == "pretrained" else ""
+    tok = cfg.tokenize
+    if tok.kind == "pretrained":  # the tokenizer a name means is the section's (model.name_or_path when empty)
+        tok = dataclasses.replace(tok, pretrained=pretrained_tokenizer_name(cfg))
     return [
-        Stage("load", sources.load, (cfg.source,)),
-        Stage("clean", clean.clean, (cfg.clean,)),
-        Stage("dedup", dedup.dedup, (cfg.dedup,)),
-        Stage("split", split.split, (cfg.split, cfg.dedup)),  # the leakage check uses dedup's similarity settings
-        Stage("label", label.label, (cfg.label,)),
-        Stage("tokenize", encode.encode, (cfg.tokenize, tok_name)),
+        Stage("load", sources.load, cfg.source),
+        Stage("clean", clean.clean, cfg.clean),
+        Stage("dedup", dedup.dedup, cfg.dedup),
+        Stage("split", split.split, cfg.split, uses=(cfg.dedup,)),  # the leakage check: ctx.similarity
+        Stage("label", label.label, cfg.label),
+        Stage("tokenize", encode.encode, tok),
     ]
 
 
@@ -104,7 +117,8 @@ def data_config_fingerprint(cfg: Config) -> str:
     )
 
 
-NOT_IN_FINGERPRINT = ("num_proc",)  # how a stage runs, not what it produces (same output, tested)
+NOT_IN_FINGERPRINT = ("num_proc",)  # how a stage runs, not what it produces (same output, tested); the
+# prepare and ray sections (the engine, its processes, blocks, cluster) are in no stage's config at all
 
 
 def _config_dicts(values: tuple) -> list:
@@ -130,6 +144,24 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
         from pipeline.data.encode import local_tokenizer
 
         local_tokenizer(pretrained_tokenizer_name(cfg))
+    with engines.open_engine(cfg) as engine:
+        data_dir, manifests, rows = _run_stages(cfg, engine, input_fp, first_forced, progress)
+    artifacts.write_json_atomic(
+        cfg.data_dir / PREPARED,
+        {
+            "stage_dir": str(data_dir.resolve()),
+            "fingerprint": manifests["tokenize"]["fingerprint"],
+            "config_fingerprint": data_config_fingerprint(cfg),
+            "label_names": manifests["label"]["stats"]["label_names"],
+        },
+    )
+    artifacts.write_json_atomic(cfg.data_dir / "report.json", rows)
+    return rows
+
+
+def _run_stages(cfg: Config, engine: Any, input_fp: str, first_forced: int, progress: bool):
+    """Each stage reused or run, in order; returns the last stage's folder, the manifests, the report."""
+    stages_root = cfg.data_dir / "stages"
     data, data_dir, rows, manifests = None, None, [], {}
     for k, stage in enumerate(stage_table(cfg)):
         fp = artifacts.fingerprint(stage.name, code_fingerprint(stage.fn), _config_dicts(stage.config), input_fp)
@@ -144,20 +176,12 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
         else:
             if data is None and data_dir is not None:
                 data = load_stage(data_dir, STAGE_NAMES[k - 1])
-            data, man = _run_stage(stage, data, out, fp, input_fp, cfg, progress)
+            ctx = StageContext(out_dir=out, num_proc=cfg.prepare.num_proc, progress=progress,
+                               engine=engine.get(), similarity=cfg.dedup)
+            data, man = _run_stage(stage, data, out, fp, input_fp, ctx)
             rows.append({**_row(man), "cached": False})
         input_fp, data_dir, manifests[stage.name] = fp, out, man
-    artifacts.write_json_atomic(
-        cfg.data_dir / PREPARED,
-        {
-            "stage_dir": str(data_dir.resolve()),
-            "fingerprint": input_fp,
-            "config_fingerprint": data_config_fingerprint(cfg),
-            "label_names": manifests["label"]["stats"]["label_names"],
-        },
-    )
-    artifacts.write_json_atomic(cfg.data_dir / "report.json", rows)
-    return rows
+    return data_dir, manifests, rows
 
 
 def _check_output_outside_input(cfg: Config) -> None:
@@ -217,14 +241,14 @@ def _save(data: Any, folder: Path) -> None:
         data.save_to_disk(str(folder), num_shards={k: 1 for k, d in data.items() if d.num_rows == 0})
 
 
-def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, cfg: Config, progress: bool):
+def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, ctx: StageContext):
     import datasets
 
     datasets.disable_caching()  # stages cache themselves; no cache-*.arrow files inside earlier stages' dirs
     start = time.perf_counter()
     rows_in = num_rows(data) if data is not None else None
     with artifacts.atomic_dir(out, replace=True) as tmp:
-        ctx = StageContext(out_dir=tmp, num_proc=max(cfg.dedup.num_proc, cfg.tokenize.num_proc), progress=progress)
+        ctx = dataclasses.replace(ctx, out_dir=tmp)
         result = stage.run(data, ctx)
         if num_rows(result.data) == 0:
             section = SECTION_OF.get(stage.name, stage.name)

@@ -82,8 +82,9 @@ def fingerprint(cfg: SourceConfig) -> str:
 # ---------------------------------------------------------------- the stage
 
 
-def load(cfg: SourceConfig, ctx: StageContext) -> StageResult:
-    """Read the source into the id/text/label/source_split contract; drops counted by reason."""
+def load(_: None, cfg: SourceConfig, ctx: StageContext) -> StageResult:
+    """Read the source into the id/text/label/source_split contract; drops counted by reason. The
+    first stage has no input (None): the shape every stage has is (input, its config section, context)."""
     import datasets
 
     if not cfg.text_field and cfg.format != "folder":

@@ -12,8 +12,8 @@ import json
 import re
 from collections import defaultdict
 
-from pipeline.config import DedupConfig, SplitConfig
-from pipeline.data.common import SPLITS, StageContext, StageResult, column, map_batches, unit_hash
+from pipeline.config import SplitConfig
+from pipeline.data.common import SPLITS, StageContext, StageResult, column, unit_hash
 
 SOURCE_SPLIT_NAMES = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
                       "val": "validation", "dev": "validation", "test": "test", "testing": "test"}
@@ -84,7 +84,7 @@ def chunk_text(text: str, cfg: SplitConfig) -> list[str]:
     return chunks
 
 
-def _chunk_rows(ds, cfg: SplitConfig):
+def _chunk_rows(ds, cfg: SplitConfig, ctx: StageContext):
     from datasets import Value
 
     def cut(batch):
@@ -98,10 +98,10 @@ def _chunk_rows(ds, cfg: SplitConfig):
         return out
 
     added = {**{k: ds.features[k] for k in ("id", "text", "label")}, "chunk": Value("int64")}
-    return map_batches(ds, cut, added, remove_columns=ds.column_names, desc="chunk")
+    return ctx.engine.map_batches(ds, cut, added, remove_columns=ds.column_names, desc="chunk")
 
 
-def _leakage(parts: dict, cfg: SplitConfig, dedup_cfg: DedupConfig, ctx: StageContext) -> tuple[dict, dict]:
+def _leakage(parts: dict, cfg: SplitConfig, ctx: StageContext) -> tuple[dict, dict]:
     """Find validation/test documents with a near-duplicate in train; drop them when cfg says so."""
     from pipeline.data.minhash import cross_duplicates
 
@@ -110,7 +110,9 @@ def _leakage(parts: dict, cfg: SplitConfig, dedup_cfg: DedupConfig, ctx: StageCo
     for name in ("validation", "test"):
         if parts[name].num_rows == 0 or train.num_rows == 0:
             continue
-        hits = cross_duplicates(column(train, "text"), column(parts[name], "text"), dedup_cfg, cfg.leakage_threshold)
+        find = getattr(ctx.engine, "cross_duplicates", None) or cross_duplicates  # the Ray engine's: a join
+        hits = find(column(train, "text"), column(parts[name], "text"), ctx.similarity, cfg.leakage_threshold,
+                    ctx.num_proc)
         qids, tids = column(parts[name], "id"), column(train, "id")
         leaks += [{"split": name, "id": qids[q], "train_id": tids[r], "jaccard": round(j, 4)} for q, r, j in hits]
         if hits and cfg.leakage == "remove":
@@ -124,8 +126,9 @@ def _leakage(parts: dict, cfg: SplitConfig, dedup_cfg: DedupConfig, ctx: StageCo
     return dropped, found
 
 
-def split(ds, cfg: SplitConfig, dedup_cfg: DedupConfig, ctx: StageContext) -> StageResult:
-    """Dataset with id/text/label/source_split -> DatasetDict train/validation/test (+ chunk column)."""
+def split(ds, cfg: SplitConfig, ctx: StageContext) -> StageResult:
+    """Dataset with id/text/label/source_split -> DatasetDict train/validation/test (+ chunk column).
+    The leakage check uses the MinHash settings of ctx.similarity (the dedup section)."""
     from datasets import DatasetDict
 
     names = _from_source(ds, cfg)
@@ -141,9 +144,9 @@ def split(ds, cfg: SplitConfig, dedup_cfg: DedupConfig, ctx: StageContext) -> St
         raise ValueError(f"the train split is empty: {how}")
     base = ds.remove_columns("source_split")
     parts = {s: base.select(rows[s]) for s in SPLITS}
-    dropped, found = ({}, {}) if cfg.leakage == "off" else _leakage(parts, cfg, dedup_cfg, ctx)
+    dropped, found = ({}, {}) if cfg.leakage == "off" else _leakage(parts, cfg, ctx)
     docs = {s: parts[s].num_rows for s in SPLITS}
-    out = DatasetDict({s: _chunk_rows(parts[s], cfg) for s in SPLITS})
+    out = DatasetDict({s: _chunk_rows(parts[s], cfg, ctx) for s in SPLITS})
     stats = {"source_split_kept": source_kept, "documents": docs, "rows": {s: out[s].num_rows for s in SPLITS},
              "leaks_found": found}
     return StageResult(out, dropped, stats)

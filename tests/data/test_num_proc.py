@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+from stagecheck import stable
 import yaml
 
 from pipeline.config import DEFAULT_CONFIG, load_config
@@ -27,7 +28,7 @@ def _prepare(tmp_path: Path, num_proc: int) -> Path:
     tree = yaml.safe_load(DEFAULT_CONFIG.read_text(encoding="utf-8"))
     tree["output_dir"] = str(tmp_path / f"np{num_proc}")
     tree["source"]["max_rows"] = ROWS
-    tree["dedup"]["num_proc"] = tree["tokenize"]["num_proc"] = num_proc
+    tree["prepare"] = {"num_proc": num_proc}
     path = tmp_path / f"np{num_proc}.yaml"
     path.write_text(yaml.safe_dump(tree), encoding="utf-8")
     cfg = load_config(path)
@@ -46,14 +47,6 @@ def _tables(stage: Path) -> dict:
     data = datasets.load_from_disk(str(stage / "data"))
     parts = data.items() if isinstance(data, datasets.DatasetDict) else [("", data)]
     return {name: (d.features, d.to_list()) for name, d in parts}
-
-
-def _stable(obj):
-    if isinstance(obj, dict):
-        return {k: _stable(v) for k, v in obj.items() if k not in VOLATILE}
-    if isinstance(obj, list):
-        return [_stable(v) for v in obj]
-    return obj
 
 
 @pytest.mark.slow
@@ -76,6 +69,6 @@ def test_prepare_with_two_processes_equals_one_process(tmp_path):
             if (a / side).exists() or (b / side).exists():
                 assert (a / side).read_bytes() == (b / side).read_bytes(), f"{a.name}/{side}"
         ma, mb = (json.loads((d / "manifest.json").read_text()) for d in (a, b))
-        assert _stable(ma) == _stable(mb), a.name  # rows in/out, drops by reason, stats
+        assert stable(ma, VOLATILE) == stable(mb, VOLATILE), a.name  # rows in/out, drops by reason, stats
     dedup = man["dedup"]
     assert dedup["dropped"].get("near_duplicate", 0) > 0  # MinHash found something to agree on

@@ -146,9 +146,17 @@ def test_cli_error_is_one_line(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("old", ["dedup.num_proc", "tokenize.num_proc"])
+def test_the_old_num_proc_keys_name_the_new_one(old):
+    from pipeline.config import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^config key '{old}' is now 'prepare.num_proc' \(one setting"):
+        load_config(None, [f"{old}=2"])
+
+
 def test_num_proc_does_not_invalidate_the_cache(tmp_path):
     runner.run(_cfg(tmp_path), progress=False)
-    rows = runner.run(_cfg(tmp_path, "dedup.num_proc=2", "tokenize.num_proc=2"), progress=False)
+    rows = runner.run(_cfg(tmp_path, "prepare.num_proc=2"), progress=False)
     assert all(r["cached"] for r in rows)
 
 

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _load(tmp_path, **fields):
     cfg = SourceConfig(**fields)
-    return sources.load(cfg, StageContext(out_dir=tmp_path))
+    return sources.load(None, cfg, StageContext(out_dir=tmp_path))
 
 
 def _sha(text: str) -> str:
@@ -273,7 +273,7 @@ def test_hub_offline_fails_fast_with_a_clear_message(tmp_path):
     code = (
         "from pathlib import Path\nfrom pipeline.config import SourceConfig\nfrom pipeline.data import sources\n"
         "from pipeline.data.common import StageContext\n"
-        "try:\n    sources.load(SourceConfig(format='hub', path='stanfordnlp/imdb'), StageContext(Path('.')))\n"
+        "try:\n    sources.load(None, SourceConfig(format='hub', path='stanfordnlp/imdb'), StageContext(Path('.')))\n"
         "except ValueError as e:\n    print('ERROR', e)\n"
     )
     start = time.perf_counter()
@@ -290,7 +290,7 @@ def test_hub_offline_fails_fast_with_a_clear_message(tmp_path):
 def test_default_corpus_loads(tmp_path):
     from pipeline.config import load_config
 
-    result = sources.load(load_config(None).source, StageContext(out_dir=tmp_path))
+    result = sources.load(None, load_config(None).source, StageContext(out_dir=tmp_path))
     labels = result.data["label"][:]
     assert result.data.num_rows == 38_158 and result.dropped == {}
     assert {n: labels.count(n) for n in set(labels)} == {"negative": 16_186, "neutral": 15_018, "positive": 6_954}

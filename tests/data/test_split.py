@@ -52,7 +52,7 @@ def test_chunks_of_a_document_stay_together(tmp_path):
     data["text"][0] = " ".join(f"w{k}" for k in range(700))
     data["text"][1] = "First sentence here. " * 60
     cfg = SplitConfig(chunk="words", chunk_size=100, chunk_overlap=20, leakage="off")
-    dd = split(Dataset.from_dict(data), cfg, DedupConfig(), StageContext(tmp_path)).data
+    dd = split(Dataset.from_dict(data), cfg, StageContext(tmp_path, similarity=DedupConfig())).data
     where = {}
     for s in dd:
         for doc, k in zip(dd[s]["id"], dd[s]["chunk"]):
@@ -74,7 +74,7 @@ def test_source_split_kept_and_validation_carved(tmp_path):
     train, test = _docs(300, source_split="train"), _docs(100, source_split="test")
     test["id"] = [f"t{k}" for k in range(100)]
     data = {k: train[k] + test[k] for k in train}
-    dd = split(Dataset.from_dict(data), SplitConfig(leakage="off"), DedupConfig(), StageContext(tmp_path)).data
+    dd = split(Dataset.from_dict(data), SplitConfig(leakage="off"), StageContext(tmp_path, similarity=DedupConfig())).data
     assert set(dd["test"]["id"]) == set(test["id"])
     assert 10 < dd["validation"].num_rows < 60 and dd["train"].num_rows + dd["validation"].num_rows == 300
 
@@ -82,7 +82,7 @@ def test_source_split_kept_and_validation_carved(tmp_path):
 def test_unknown_source_split_is_an_error(tmp_path):
     data = _docs(10, source_split="holdout")
     with pytest.raises(ValueError, match=r"source split names \['holdout'\]"):
-        split(Dataset.from_dict(data), SplitConfig(), DedupConfig(), StageContext(tmp_path))
+        split(Dataset.from_dict(data), SplitConfig(), StageContext(tmp_path, similarity=DedupConfig()))
 
 
 def test_leakage_from_source_split_is_removed(tmp_path):
@@ -90,7 +90,7 @@ def test_leakage_from_source_split_is_removed(tmp_path):
     test = {"id": ["leak1", "leak2", "clean1"], "label": ["a", "b", "a"], "source_split": ["test"] * 3,
             "text": [train["text"][5], train["text"][9] + " indeed", "a completely different sentence about nothing at all"]}
     data = {k: train[k] + test[k] for k in train}
-    dd = split(Dataset.from_dict(data), SplitConfig(), DedupConfig(), StageContext(tmp_path)).data
+    dd = split(Dataset.from_dict(data), SplitConfig(), StageContext(tmp_path, similarity=DedupConfig())).data
     assert dd["test"]["id"] == ["clean1"]
     leaks = [json.loads(line) for line in (tmp_path / "leakage.jsonl").read_text().splitlines()]
     assert {(r["id"], r["train_id"]) for r in leaks} == {("leak1", "doc5"), ("leak2", "doc9")}

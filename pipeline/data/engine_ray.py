@@ -1,0 +1,378 @@
+"""The Ray engine (prepare.engine=ray): the stages' own functions, run on Ray over Arrow blocks.
+
+What moves and what stays (the engines differ in how they move data, never in what a stage decides):
+- Row-wise work (clean, split's chunking, label, tokenize): the stage's per-batch function, the one
+  the local engine hands to `datasets.map`, runs as Ray Data `map_batches` over the stage's rows cut
+  into `ray.blocks` Arrow blocks (order preserved), cast back to the local engine's features.
+- Dedup's near-duplicate search, as a map-reduce over Ray tasks (minhash.py does the arithmetic):
+  1. per block: shingles and signatures (`minhash._sketch_chunk`), band keys (`minhash._band_keys`),
+     hash-partitioned by band key (the shuffle's map side); the sketch stays in the object store;
+  2. per partition: equal (band, key) groups -> candidate pairs, re-partitioned by pair;
+  3. per pair partition: distinct candidates verified with exact Jaccard (`minhash.ShingleSets`);
+  4. connected components: the verified pairs on the driver with `minhash.union_find` when there are
+     at most `ray.driver_edges` of them, else min-label propagation over the edge shards where they
+     lie (every round: each shard lowers its nodes' labels to their neighbours', the shards' labels
+     are min-reduced and pointer-jumped, until nothing changes; edges never come to the driver);
+  5. the kept row, the report and its similarities: dedup.py's order-free rule, as locally.
+  Both give each text the smallest index of its component, so the plan is the local one exactly.
+- The leakage check (split): the same shuffle over train + validation/test, keeping only the pairs
+  across the two sides (a band-key join), verified; each query's best match chosen as locally.
+- Everything else (load, the split assignment, the tokenizer's training, the plan of which row to
+  keep, writing the stage folders) runs on the driver, as locally.
+
+A task whose worker dies is rerun by Ray up to `ray.max_retries` times; past that the stage fails
+with `StageFailed` (one line) and, since its folder is only renamed into place when complete,
+nothing of it is taken as done.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import socket
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.config import RayConfig
+from pipeline.data import minhash
+from pipeline.data.engines import StageFailed
+from pipeline.data.shingling import U64, fmix64
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # what workers put on sys.path: this checkout's `pipeline`
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("prepare.engine=ray needs Ray Data: pip install -c constraints.txt "
+                         "'finetune-pipeline[ray]' (or set prepare.engine=local)") from None
+    return ray
+
+
+def _probe(host: str, port: int, timeout: float) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _bootstrap(address: str) -> str:
+    """host:port that `address` (auto, host:port, ray://host:port) points at; '' when auto finds none."""
+    if address == "auto":
+        address = os.environ.get("RAY_ADDRESS", "")
+        current = Path("/tmp/ray/ray_current_cluster")  # where `ray start` records the local head
+        if not address and current.is_file():
+            address = current.read_text(encoding="utf-8").strip()
+    return address.removeprefix("ray://")
+
+
+def check_address(address: str, timeout: float) -> None:
+    """Fail in `timeout` seconds, in one line, when nothing answers at a Ray address (ray.init would
+    otherwise retry for minutes)."""
+    target = _bootstrap(address)
+    if not target:
+        raise ValueError("ray.address=auto: no running Ray cluster found (no RAY_ADDRESS, no `ray start` on this "
+                         "machine); start one with `ray start --head`, or set ray.address= (empty) to start a local Ray")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"ray.address={address!r} is not auto, host:port or ray://host:port")
+    if not _probe(host, int(port), timeout):
+        raise ValueError(f"ray.address={address}: nothing answers at {host}:{port} within {timeout:g} s "
+                         f"(ray.connect_timeout_s); start the cluster or fix the address, or set ray.address= "
+                         f"(empty) to start a local Ray")
+
+
+def start_local(cfg: RayConfig) -> None:
+    """Start a Ray on this machine whose workers import this checkout's `pipeline`."""
+    ray = _import_ray()
+    path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)  # inherited by workers
+    try:
+        ray.init(num_cpus=cfg.num_cpus or None, include_dashboard=False, log_to_driver=False,
+                 object_store_memory=cfg.object_store_mb * 2**20 if cfg.object_store_mb else None,
+                 logging_level="ERROR", configure_logging=True)
+    finally:
+        os.environ["PYTHONPATH"] = path
+        if not path:
+            del os.environ["PYTHONPATH"]
+
+
+class RayEngine:
+    name = "ray"
+
+    def __init__(self, cfg: RayConfig, started: bool):
+        self.cfg, self.started = cfg, started
+        ray = _import_ray()
+        from ray.data import DataContext
+
+        data = DataContext.get_current()
+        data.execution_options.preserve_order = True  # blocks come back in the order they went in
+        data.enable_progress_bars = False  # prepare draws its own table; Ray's bars are per operator
+        logging.getLogger("ray.data").setLevel(logging.ERROR)  # no "Starting execution of ..." per map, no
+        # "Progress bars disabled" (prepare prints one table; a user sees what fails, not what Ray chose)
+        self.cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+    @classmethod
+    def connect(cls, cfg: RayConfig) -> RayEngine:
+        """Use the Ray this process is already attached to, join `ray.address`, or start a local one."""
+        ray = _import_ray()
+        if ray.is_initialized():
+            return cls(cfg, started=False)
+        if not cfg.address:
+            start_local(cfg)
+            return cls(cfg, started=True)
+        check_address(cfg.address, cfg.connect_timeout_s)
+        try:  # the cluster's nodes need this code at the same path (as training's machines do)
+            ray.init(address=cfg.address, log_to_driver=False, logging_level="ERROR",
+                     runtime_env={"env_vars": {"PYTHONPATH": str(REPO_ROOT)}})
+        except (ConnectionError, RuntimeError, TimeoutError) as e:
+            raise ValueError(f"ray.address={cfg.address}: cannot join the cluster: {' '.join(str(e).split())}") from None
+        return cls(cfg, started=True)
+
+    def close(self) -> None:
+        if self.started:
+            _import_ray().shutdown()
+
+    # ------------------------------------------------------------ common
+    def blocks(self, rows: int) -> int:
+        """How many Arrow blocks (and shuffle partitions) `rows` rows are cut into."""
+        return max(1, min(rows, self.cfg.blocks or 4 * self.cpus))
+
+    def _options(self) -> dict:
+        opts = {"num_cpus": self.cfg.cpus_per_task, "max_retries": self.cfg.max_retries}
+        return {**opts, "memory": self.cfg.memory_per_task_mb * 2**20} if self.cfg.memory_per_task_mb else opts
+
+    def _get(self, refs: Any, what: str) -> Any:
+        """ray.get, with a lost worker as one line and a stage's own error as itself."""
+        ray = _import_ray()
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(getattr(e, "cause", None), Exception) and not isinstance(e.cause, ray.exceptions.RayError):
+                raise e.cause from None
+            raise self._failed(what, e) from None
+        except ray.exceptions.RayError as e:
+            raise self._failed(what, e) from None
+
+    def _failed(self, what: str, e: Exception) -> StageFailed:
+        first = re.sub(r"\x1b\[[0-9;]*m", "", (str(e).strip().splitlines() or [""])[0])[:200]  # no colour codes
+        return StageFailed(f"{what} on Ray failed: a worker was lost and ray.max_retries={self.cfg.max_retries} "
+                           f"reruns did not finish it ({type(e).__name__}: {first}); nothing of this stage was "
+                           f"saved: run prepare again (the stages before it are reused)")
+
+    # ------------------------------------------------------------ row-wise stages
+    def map_batches(self, ds: Any, fn: Any, added: dict, *, remove_columns: Any = None, batch_size: int = 1000,
+                    min_rows_per_proc: int = 0, desc: str = "map", **_: Any) -> Any:
+        """What `common.map_batches(ds, fn, added, ...)` returns, with `fn` run by Ray Data on blocks."""
+        import datasets
+        import ray.data
+
+        from pipeline.data.common import map_batches
+
+        if not ds.num_rows:
+            return map_batches(ds, fn, added, remove_columns=remove_columns)
+        removed = list(remove_columns or [])
+        features = datasets.Features({**{k: v for k, v in ds.features.items() if k not in removed}, **added})
+        table = ds.with_format("arrow")[:]  # the rows in order, a `select`'s indices applied
+        bounds = np.linspace(0, table.num_rows, self.blocks(table.num_rows) + 1).astype(int).tolist()
+        blocks = [table.slice(s, e - s) for s, e in zip(bounds[:-1], bounds[1:])]
+        with warnings.catch_warnings():  # Ray 2.60 takes max_retries only this way (deprecated for 2.64;
+            warnings.simplefilter("ignore")  # its default, -1, would retry a dying task forever)
+            mapped = ray.data.from_arrow(blocks).map_batches(
+                _apply, fn_args=(fn, removed, features.arrow_schema), batch_format="pyarrow", batch_size=batch_size,
+                num_cpus=self.cfg.cpus_per_task, memory=self.cfg.memory_per_task_mb * 2**20 or None,
+                ray_remote_args_fn=functools.partial(dict, max_retries=self.cfg.max_retries))
+        import pyarrow as pa
+
+        out = pa.concat_tables(self._get(mapped.to_arrow_refs(), desc))
+        return datasets.Dataset(out)
+
+    # ------------------------------------------------------------ dedup
+    def _verified_pairs(self, texts: list[str], cfg: Any, threshold: float, normalized: bool, split_at: int = 0):
+        """Verified similar pairs among `texts` through the shuffle: (edge refs, candidates, verified,
+        block starts, sketch refs, bands, rows). split_at > 0: only pairs i < split_at <= j (a join)."""
+        ray = _import_ray()
+        b, r = minhash.lsh_params(threshold, cfg.num_perm, cfg.bands, cfg.rows, cfg.verify)
+        n, nb = len(texts), self.blocks(len(texts))
+        parts = nb  # shuffle partitions
+        starts = np.linspace(0, n, nb + 1).astype(np.int64)
+        sketch = ray.remote(_sketch_block).options(num_returns=1 + parts, **self._options())
+        mapped = [sketch.remote(texts[s:e], int(s), cfg, b, r, parts, normalized) for s, e in zip(starts[:-1], starts[1:])]
+        sketches = [m[0] for m in mapped]
+        group = ray.remote(_band_pairs).options(num_returns=parts, **self._options())
+        grouped = [_as_list(group.remote(n, parts, split_at, *[m[1 + p] for m in mapped])) for p in range(parts)]
+        verify = ray.remote(_verify).options(num_returns=3, **self._options())
+        checked = [verify.remote(cfg, threshold, starts, nb, *sketches, *[g[q] for g in grouped]) for q in range(parts)]
+        counts = np.array(self._get([c[2] for c in checked], "MinHash (signatures, LSH, verification)"))
+        candidates, verified = (int(x) for x in counts.sum(axis=0))
+        return [c[:2] for c in checked], candidates, verified, starts, sketches, b, r
+
+    def near_clusters(self, texts: list[str], cfg: Any) -> tuple[np.ndarray, Any, dict]:
+        """dedup._near_clusters's three answers (labels, Jaccard of pairs, stats), from tasks on Ray."""
+        from pipeline.data.dedup import near_stats
+
+        checked, candidates, verified, starts, sketches, b, r = self._verified_pairs(texts, cfg, cfg.threshold, True)
+        edge_refs = [c[0] for c in checked]
+        if verified <= self.cfg.driver_edges:
+            edges = np.concatenate(self._get(edge_refs, "dedup (collecting pairs)"))
+            labels = minhash.union_find(len(texts), edges.astype(np.int64).reshape(-1, 2))
+        else:
+            labels = self._components(len(texts), edge_refs)
+        stats = near_stats(candidates, verified, cfg, b, r, len(sketches))
+        return labels, functools.partial(self._jaccard, starts, sketches), stats
+
+    def cross_duplicates(self, reference_texts: list[str], query_texts: list[str], cfg: Any, threshold: float,
+                         num_proc: int = 1) -> list[tuple[int, int, float]]:
+        """minhash.cross_duplicates's answer (each query text's most similar reference text at Jaccard >=
+        threshold, ties to the smallest reference index): a band-key join of the two sides, verified."""
+        reference_texts, query_texts = minhash._as_list(reference_texts), minhash._as_list(query_texts)
+        if not reference_texts or not query_texts:
+            return []
+        nr = len(reference_texts)
+        checked, *_ = self._verified_pairs(reference_texts + query_texts, cfg, threshold, False, split_at=nr)
+        found = self._get([x for c in checked for x in c], "the leakage check")
+        pairs, sim = np.concatenate(found[0::2]).reshape(-1, 2), np.concatenate(found[1::2])
+        order = np.lexsort((pairs[:, 0], -sim, pairs[:, 1]))  # by query, highest Jaccard, smallest reference
+        pairs, sim = pairs[order], sim[order]
+        first = np.ones(len(pairs), dtype=bool)
+        first[1:] = pairs[1:, 1] != pairs[:-1, 1]
+        return [(q - nr, i, s) for (i, q), s in zip(pairs[first].tolist(), sim[first].tolist())]
+
+    def _components(self, n: int, edge_refs: list) -> np.ndarray:
+        """(n,) the smallest index of each node's component, the edges staying in their shards."""
+        ray = _import_ray()
+        lower = ray.remote(_lower_labels).options(**self._options())
+        merge = ray.remote(_merge_labels).options(num_returns=2, **self._options())
+        labels = ray.put(np.arange(n, dtype=np.int64))
+        while True:
+            proposals = [lower.remote(labels, e) for e in edge_refs]
+            labels, changed = merge.remote(labels, *proposals)
+            if not self._get(changed, "dedup (connected components)"):
+                return self._get(labels, "dedup (connected components)")
+
+    def _jaccard(self, starts: np.ndarray, sketches: list, pairs: np.ndarray) -> np.ndarray:
+        """(K,) exact Jaccard of pairs (K, 2) of texts, computed where their sketches lie."""
+        ray = _import_ray()
+        if not len(pairs):
+            return np.zeros(0)
+        task = ray.remote(_pair_jaccard).options(**self._options())
+        chunks = np.array_split(pairs, min(len(pairs), len(sketches)))
+        refs = [task.remote(starts, len(sketches), *sketches, c) for c in chunks]
+        return np.concatenate(self._get(refs, "dedup (report similarities)"))
+
+
+def _as_list(refs: Any) -> list:
+    return refs if isinstance(refs, list) else [refs]
+
+
+# ---------------------------------------------------------------- task bodies (run on workers)
+
+
+def _apply(table: Any, fn: Any, removed: list, schema: Any) -> Any:
+    """One batch as `datasets.map(batched=True)` makes it: fn's columns replace or follow the others."""
+    import pyarrow as pa
+
+    batch = table.to_pydict()
+    out = {k: v for k, v in batch.items() if k not in removed}
+    out.update(fn(batch))
+    return pa.table({name: out[name] for name in schema.names}).cast(schema)
+
+
+def _partition_of(keys: np.ndarray, parts: int) -> np.ndarray:
+    return (fmix64(keys.astype(U64)) % U64(parts)).astype(np.int64)
+
+
+def _sketch_block(texts: list[str], start: int, cfg: Any, bands: int, rows: int, parts: int, normalized: bool) -> list:
+    """[the block's Sketch, then per partition an (M, 3) uint64 array of (band, key, text index)]."""
+    sk = minhash._sketch_chunk(texts, cfg.shingle, cfg.ngram, cfg.num_perm, cfg.seed, normalized)
+    keys = minhash._band_keys(sk.sig, bands, rows)  # (bands, m)
+    band = np.repeat(np.arange(bands, dtype=U64), len(texts))
+    row = np.tile(np.arange(start, start + len(texts), dtype=U64), bands)
+    triples = np.stack([band, keys.ravel(), row], axis=1)
+    where = _partition_of(triples[:, 1] ^ triples[:, 0], parts)
+    return [sk, *[triples[where == p] for p in range(parts)]]
+
+
+def _band_pairs(n: int, parts: int, split_at: int, *triples: np.ndarray) -> Any:
+    """Candidate pairs i < j of one band-key partition (texts equal on a whole band), as pair codes
+    i * n + j split by a hash of the code into `parts` (a pair found in several bands meets itself);
+    with split_at > 0 only the pairs across it (i < split_at <= j)."""
+    t = np.concatenate(triples) if triples else np.zeros((0, 3), dtype=U64)
+    t = t[np.lexsort((t[:, 2], t[:, 1], t[:, 0]))]  # by band, key, then text index
+    head = np.ones(len(t), dtype=bool)
+    head[1:] = (t[1:, 0] != t[:-1, 0]) | (t[1:, 1] != t[:-1, 1])
+    starts = np.flatnonzero(head)
+    sizes = np.diff(np.append(starts, len(t)))
+    members = t[:, 2].astype(np.int64)[np.repeat(sizes > 1, sizes)]
+    pairs = minhash._pairs_within_groups(members, sizes[sizes > 1]) if (sizes > 1).any() else np.zeros((0, 2), np.int64)
+    if split_at:
+        pairs = pairs[(pairs[:, 0] < split_at) & (pairs[:, 1] >= split_at)]
+    codes = np.unique(pairs[:, 0] * n + pairs[:, 1])
+    where = _partition_of(codes, parts)
+    out = [codes[where == p] for p in range(parts)]
+    return out if parts > 1 else out[0]
+
+
+def _sketch_of(rows: np.ndarray, starts: np.ndarray, blocks: tuple) -> minhash.Sketch:
+    """The sketch of some texts (rows ascending, global indices), gathered from the blocks holding them."""
+    sig, hashes, counts = [], [], []
+    block_of = np.searchsorted(starts, rows, side="right") - 1
+    for k in np.unique(block_of).tolist():
+        sk, local = blocks[k], rows[block_of == k] - starts[k]
+        lengths = sk.offsets[local + 1] - sk.offsets[local]
+        sig.append(sk.sig[local])
+        hashes.append(sk.hashes[minhash._ranges(sk.offsets[local], lengths)])
+        counts.append(lengths)
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(np.concatenate(counts), out=offsets[1:])
+    return minhash.Sketch(np.concatenate(sig), np.concatenate(hashes), offsets)
+
+
+def _jaccard_of(pairs: np.ndarray, starts: np.ndarray, blocks: tuple, verify: bool = True) -> np.ndarray:
+    rows = np.unique(pairs)
+    sk = _sketch_of(rows, starts, blocks)
+    local = np.searchsorted(rows, pairs)
+    if not verify:
+        return minhash.estimated_jaccard(sk.sig, local)
+    return minhash.ShingleSets(sk, local).jaccard(local)
+
+
+def _verify(cfg: Any, threshold: float, starts: np.ndarray, nb: int, *args: Any) -> tuple:
+    """(verified pairs (K, 2), their Jaccard (K,), [candidates, verified]) of one pair partition,
+    kept as near_duplicate_pairs keeps them: Jaccard >= threshold (exact when cfg.verify)."""
+    blocks, codes = args[:nb], np.unique(np.concatenate(args[nb:]))
+    n = int(starts[-1])
+    pairs = np.stack([codes // n, codes % n], axis=1) if len(codes) else np.zeros((0, 2), dtype=np.int64)
+    sim = _jaccard_of(pairs, starts, blocks, cfg.verify) if len(pairs) else np.zeros(0)
+    ok = sim >= threshold - 1e-12
+    return pairs[ok], sim[ok], [len(pairs), int(ok.sum())]
+
+
+def _pair_jaccard(starts: np.ndarray, nb: int, *args: Any) -> np.ndarray:
+    return _jaccard_of(np.sort(args[nb], axis=1), starts, args[:nb])
+
+
+def _lower_labels(labels: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """(n,) each node's label lowered to the smallest label among its neighbours in this shard."""
+    out = labels.copy()
+    i, j = edges[:, 0], edges[:, 1]
+    np.minimum.at(out, i, labels[j])
+    np.minimum.at(out, j, labels[i])
+    return out
+
+
+def _merge_labels(labels: np.ndarray, *proposals: np.ndarray) -> tuple:
+    """The shards' labels min-reduced, then pointer-jumped (a label always names a smaller node of
+    the same component); and whether anything changed (at the fixed point each component carries
+    its smallest index, as minhash.union_find gives)."""
+    new = np.minimum.reduce([labels, *proposals]) if proposals else labels.copy()
+    while not np.array_equal(new[new], new):
+        new = new[new]
+    return new, not np.array_equal(new, labels)
