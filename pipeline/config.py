@@ -165,6 +165,9 @@ class TrainConfig:
     deterministic: bool = opt(False, "use deterministic algorithms only (exact reproduction, slower)")
     epochs: int = opt(1, "passes over the train split", bounds="[1, inf)")
     max_steps: int = opt(0, "stop after this many optimizer steps (0 = run all epochs)", bounds="[0, inf)")
+    max_minutes: float = opt(0.0, "time budget of a fresh launch in wall-clock minutes (0 = off): total steps (and so "
+                             "warmup and cosine) are set from a step, validation and save time measured at the start, "
+                             "at most max_steps (or epochs); fixed at the first launch and kept on resume", bounds="[0, inf)")
     batch_size: int = opt(32, "examples per process per forward pass", bounds="[1, inf)")
     grad_accum: int = opt(1, "forward passes per optimizer step", bounds="[1, inf)")
     lr: float = opt(5e-5, "peak learning rate", bounds="(0, inf)")
@@ -196,7 +199,10 @@ class EvalConfig:
     split: str = opt("test", "prepared split to evaluate")
     checkpoint: str = opt("final", "final, best, or a checkpoint directory")
     batch_size: int = opt(64, "examples per forward pass (of validation during training too)", bounds="[1, inf)")
-    bf16: bool = opt(False, "run inference under bf16 autocast")
+    precision: str = opt("fp32", "inference precision of evaluate.py and of validation during training: fp32, bf16 "
+                         "autocast (fast only where the CPU/GPU has native bf16), or int8 dynamic quantization of the "
+                         "encoder's Linear layers (CPU; ~2x fp32 there, see bench/RESULTS.md)", ("fp32", "bf16", "int8"))
+    bf16: bool = opt(False, "deprecated spelling of eval.precision=bf16")
     snippet_chars: int = opt(160, "characters of text kept per row of predictions.jsonl", bounds="[0, inf)")
 
 
@@ -431,6 +437,9 @@ def validate(cfg: Config) -> None:
     if m.from_scratch and m.hidden_size % m.num_heads:
         raise ConfigError(f"model.hidden_size={m.hidden_size} must be divisible by model.num_heads={m.num_heads}")
     _validate_labels(cfg.label)
+    if cfg.eval.bf16 and cfg.eval.precision not in ("fp32", "bf16"):
+        raise ConfigError(f"eval.bf16=true (deprecated spelling of eval.precision=bf16) conflicts with "
+                          f"eval.precision={cfg.eval.precision}; drop eval.bf16")
     if not cfg.output_dir.strip():
         raise ConfigError("output_dir is empty: name the folder for this experiment's data and run")
     if cfg.source.format != "hub" and not cfg.source.path:

@@ -5,10 +5,12 @@
     ACCELERATE_USE_CPU=true accelerate launch --config_file configs/accelerate/cpu_multiprocess.yaml pipeline/evaluate.py
 
 Writes <output_dir>/run/eval/<split>-<checkpoint>/ and prints a summary table. Inference runs in
-fp32 unless eval.bf16 (--bf16) is set; accelerate's mixed_precision setting does not change it.
+eval.precision (--precision fp32|bf16|int8; default fp32); accelerate's mixed_precision setting does
+not change it. int8 (dynamic quantization, CPU) is ~2x fp32 here: see bench/RESULTS.md.
 """
 
 import dataclasses
+import sys
 
 if __name__ == "__main__":  # run as a file: put the repository root, not pipeline/, on sys.path
     import _entrypoint  # noqa: F401
@@ -24,12 +26,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", help="prepared split to evaluate (eval.split)")
     parser.add_argument("--checkpoint", help="final, best, last, a checkpoint name, or a directory (eval.checkpoint)")
     parser.add_argument("--batch-size", type=int, help="examples per forward pass (eval.batch_size)")
-    parser.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (slow on CPUs without native bf16)")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "int8"), help="inference precision (eval.precision)")
+    parser.add_argument("--bf16", action="store_true", default=None,
+                        help="deprecated: --precision bf16 (slow on CPUs without native bf16)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--verbose", action="store_true", help="also the libraries' progress bars and load reports")
     args = parser.parse_args(argv)
     quiet_libraries(args.verbose)
-    cfg = config_from_args(args, {"eval.batch_size": args.batch_size, "eval.bf16": args.bf16})
+    if args.bf16:
+        if args.precision not in (None, "bf16"):
+            parser.error(f"--bf16 (deprecated spelling of --precision bf16) conflicts with --precision {args.precision}")
+        print("note: --bf16 is deprecated; it means --precision bf16 (write that instead)", file=sys.stderr)
+        args.precision = "bf16"
+    cfg = config_from_args(args, {"eval.batch_size": args.batch_size, "eval.precision": args.precision})
     # split and checkpoint names go in as given (a YAML parse would turn "100" into a number)
     cfg = dataclasses.replace(cfg, eval=dataclasses.replace(
         cfg.eval, split=args.split or cfg.eval.split, checkpoint=args.checkpoint or cfg.eval.checkpoint))

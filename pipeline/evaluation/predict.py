@@ -9,12 +9,11 @@ repeated is an error, so the padded tail is neither dropped nor counted twice.
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from typing import Any
 
 import numpy as np
 
+from pipeline.evaluation import inference
 from pipeline.training.batching import pad, pad_multiple
 
 
@@ -29,25 +28,6 @@ def plan_batches(lengths: list[int] | np.ndarray, batch_size: int) -> list[np.nd
 def shard(batches: list[np.ndarray], rank: int, world: int) -> list[np.ndarray]:
     """This process's batches: every world-th one, so the long and short batches spread evenly."""
     return batches[rank::world]
-
-
-def autocast(device: Any, bf16: bool) -> contextlib.AbstractContextManager:
-    """bf16 autocast on `device`, warning loudly where it will be slower than fp32."""
-    import torch
-
-    if not bf16:
-        return contextlib.nullcontext()
-    from pipeline.accel import cpu_has_native_bf16
-
-    if device.type == "cpu" and not cpu_has_native_bf16():
-        print(
-            "WARNING: eval.bf16 on a CPU without native bf16 (no avx512_bf16/amx_bf16): torch emulates it, "
-            "which is several times SLOWER than fp32 and slightly less accurate. Set eval.bf16=false here.",
-            file=sys.stderr,
-        )
-    elif device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError("eval.bf16: this GPU does not support bf16; set eval.bf16=false")
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
 def _pad_id(model: Any) -> int:
@@ -80,9 +60,12 @@ def _place(index: np.ndarray, logits: np.ndarray, n: int) -> np.ndarray:
 
 
 def predict_logits(
-    model: Any, dataset: Any, batch_size: int, accelerator: Any, bf16: bool = False, progress: bool = True
+    model: Any, dataset: Any, batch_size: int, accelerator: Any, precision: str = "fp32", progress: bool = True
 ) -> np.ndarray:
-    """(len(dataset), num_labels) float32 logits in dataset order, on every process."""
+    """(len(dataset), num_labels) float32 logits in dataset order, on every process.
+
+    `precision` (inference.PRECISIONS) is applied here, so evaluate.py and validation run it alike;
+    int8 quantizes a copy and leaves `model` as it was."""
     import torch
     from tqdm.auto import tqdm
 
@@ -90,11 +73,11 @@ def predict_logits(
     rank, world = accelerator.process_index, accelerator.num_processes
     batches = plan_batches([len(s) for s in sequences], batch_size)
     mine = shard(batches, rank, world)
-    model = model.to(accelerator.device).eval()
+    model = inference.for_inference(model.to(accelerator.device).eval(), precision, accelerator.device)
     pad_id, index, chunks = _pad_id(model), [], []
     multiple = pad_multiple(accelerator.device.type, 8)
     bar = tqdm(total=sum(len(b) for b in mine), unit="ex", desc=f"predict[{rank}]", disable=not (progress and accelerator.is_main_process))
-    with torch.inference_mode(), autocast(accelerator.device, bf16):
+    with torch.inference_mode(), inference.autocast(accelerator.device, precision):
         for batch in mine:
             inputs = {k: v.to(accelerator.device) for k, v in pad([sequences[i] for i in batch], pad_id, multiple).items()}
             chunks.append(model(**inputs).logits.float().cpu().numpy())  # (batch, num_labels)

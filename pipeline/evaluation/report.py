@@ -99,7 +99,8 @@ def format_table(metrics: dict) -> str:
     lines = [
         f"split '{metrics['split']}', checkpoint '{metrics['checkpoint']}' ({metrics['checkpoint_path']})",
         f"{chunk['examples']} examples (chunks) in {doc['examples']} documents, "
-        f"{metrics['examples_per_second']:.1f} examples/s on {metrics['processes']} process(es)",
+        f"{metrics['examples_per_second']:.1f} examples/s on {metrics['processes']} process(es), "
+        f"precision {metrics.get('precision', 'fp32')}, attention {metrics.get('attention', '?')}",
         "",
         f"{'metric':<10} {'chunks':>8} {'documents':>10}",
     ]

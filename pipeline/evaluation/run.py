@@ -11,7 +11,7 @@ import numpy as np
 
 from pipeline import artifacts
 from pipeline.config import Config
-from pipeline.evaluation import aggregate, model as model_io, predict, report, scores
+from pipeline.evaluation import aggregate, inference, model as model_io, predict, report, scores
 
 
 def output_dir(cfg: Config, ckpt: Path) -> Path:
@@ -66,7 +66,8 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
     model_io.check_labels(model, prepared.label_names, ckpt)
     accelerator = make_accelerator()  # one gloo group when launched as several CPU processes
     start = time.perf_counter()
-    logits = predict.predict_logits(model, dataset, cfg.eval.batch_size, accelerator, cfg.eval.bf16, progress)
+    precision = inference.precision_of(cfg.eval)
+    logits = predict.predict_logits(model, dataset, cfg.eval.batch_size, accelerator, precision, progress)
     seconds = time.perf_counter() - start
     if not accelerator.is_main_process:
         accelerator.end_training()
@@ -82,7 +83,8 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
         "step": model_io.checkpoint_step(ckpt), "label_names": prepared.label_names,
         "chunk": chunk, "document": document,
         "seconds": round(seconds, 3), "examples_per_second": len(dataset) / max(seconds, 1e-9),
-        "processes": accelerator.num_processes, "bf16": cfg.eval.bf16, "batch_size": cfg.eval.batch_size,
+        "processes": accelerator.num_processes, "precision": precision, "bf16": precision == "bf16",
+        "attention": inference.attention_of(model), "batch_size": cfg.eval.batch_size,
         "data_fingerprint": prepared.fingerprint, "training_data_fingerprint": trained_on, "output_dir": str(out), "versions": artifacts.library_versions(),
     }
     _write(out, metrics, dataset, logits, docs, cfg, metrics["step"])

@@ -210,10 +210,12 @@ def _warn_diverging(s: Setup, rank_losses: list[float]) -> None:
 
 
 def _evaluate(s: Setup) -> dict:
+    from pipeline.evaluation.inference import precision_of
     from pipeline.training.evaluation import evaluate
 
     t = s.cfg.train
-    m = evaluate(s.acc, s.model, s.val_ds, s.cfg.eval.batch_size, s.label_names)  # evaluate.py's batches too
+    # evaluate.py's batches and eval.precision too
+    m = evaluate(s.acc, s.model, s.val_ds, s.cfg.eval.batch_size, s.label_names, precision_of(s.cfg.eval))
     value = m[t.metric_for_best]
     greater = t.metric_for_best != "loss"
     b = s.best

@@ -11,12 +11,12 @@ from typing import Any
 
 from pipeline import artifacts
 from pipeline.config import Config
-from pipeline.training import batching, build, checkpoint, rundir
+from pipeline.training import batching, budget, build, checkpoint, rundir
 
 # train settings that do not change the sequence of updates: free to change on resume
 FREE_ON_RESUME = {"epochs", "max_steps", "eval_every", "save_every", "save_at_epoch_end", "keep_last", "keep_best",
                   "log_every", "metric_for_best", "nan_policy", "max_nan_in_a_row", "num_workers", "allow_slow_bf16",
-                  "collective_timeout_s", "detect_anomaly"}
+                  "collective_timeout_s", "detect_anomaly", "max_minutes"}  # a budget's steps are kept on resume
 
 
 @dataclass
@@ -54,6 +54,7 @@ class Setup:
     last_metrics: tuple | None = None
     saved_step: int = -1
     saved_name: str = ""
+    budget: dict | None = None  # train.max_minutes: what was measured and decided (budget.py)
 
     @property
     def ckpt_root(self) -> Path:
@@ -135,12 +136,15 @@ def _load_data(cfg: Config, config_path: str):
 
 def prepare_run(cfg: Config, config_path: str, resume: str | None, restart: bool = False) -> Setup | None:
     """Check, build and (when resuming) restore. None: resumed after the last step, nothing to do."""
+    import time
+
     import numpy as np
     import torch
     from accelerate.utils import InitProcessGroupKwargs, set_seed
 
     from pipeline.accel import make_accelerator
 
+    started = time.perf_counter()  # train.max_minutes counts from here
     t, run_dir = cfg.train, cfg.run_dir
     mp = build.choose_precision(t, torch.cuda.is_available())
     if not restart:
@@ -163,6 +167,8 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None, restart: bool
     state = artifacts.read_json(ckpt / checkpoint.STATE) if ckpt else None
     if state:
         check_resumable(state, fps, acc.num_processes, ckpt)
+        if t.max_minutes:  # the budget's step count was fixed at the first launch
+            total = state.get("total_steps") or total
     if t.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     set_seed(t.seed, deterministic=t.deterministic)
@@ -184,6 +190,8 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None, restart: bool
               label_names=prep.label_names, run_dir=run_dir, total_steps=total, steps_per_epoch=spe,
               fingerprints=fps, config_path=config_path, log=rundir.MetricsLog(run_dir / "metrics.jsonl", acc.is_main_process,
                                                       state["step"] if state else None))
+    if t.max_minutes:
+        s.budget = budget.fix_total_steps(s, started) if state is None else budget.kept(s, ckpt)
     s.best = {"metric": t.metric_for_best, "greater_is_better": t.metric_for_best != "loss", "value": None, "step": None}
     _start_position(s, ckpt, state)
     if state and state["step"] >= total:
@@ -223,7 +231,7 @@ def _announce(s: Setup, ckpt: Path | None, model, mp: str) -> None:
     if acc.is_main_process:
         rundir.record_launch(s.cfg, s.run_dir, {
             "num_processes": acc.num_processes, "mixed_precision": mp, "resumed_from": str(ckpt) if ckpt else None,
-            "model": build.describe(acc.unwrap_model(model)), "fingerprints": s.fingerprints,
+            "model": build.describe(acc.unwrap_model(model)), "fingerprints": s.fingerprints, "budget": s.budget,
         })
         if not (s.run_dir / "model_config" / "config.json").is_file():
             rundir.export_model_config(acc.unwrap_model(model), s.tok, s.run_dir / "model_config")

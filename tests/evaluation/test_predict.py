@@ -59,11 +59,13 @@ def test_bf16_autocast_warns_only_on_a_cpu_without_native_bf16(native, monkeypat
     import torch
 
     from pipeline import accel
+    from pipeline.evaluation import inference
 
     monkeypatch.setattr(accel, "cpu_has_native_bf16", lambda: native)
-    with predict.autocast(torch.device("cpu"), bf16=True):
+    with inference.autocast(torch.device("cpu"), "bf16"):
         y = torch.ones(2, 2) @ torch.ones(2, 2)
     assert y.dtype == torch.bfloat16
-    assert ("WARNING: eval.bf16" in capsys.readouterr().err) is not native
-    with predict.autocast(torch.device("cpu"), bf16=False):
-        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+    assert ("WARNING: eval.precision=bf16" in capsys.readouterr().err) is not native
+    for other in ("fp32", "int8"):
+        with inference.autocast(torch.device("cpu"), other):
+            assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32

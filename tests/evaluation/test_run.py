@@ -71,9 +71,10 @@ def test_a_named_checkpoint_gets_its_own_folder_and_step_and_bf16_runs(world, ca
     assert _main(argv) == 0
     metrics = json.loads((world.run_dir / "eval" / "validation-best" / "metrics.json").read_text())
     assert metrics["checkpoint_path"].endswith("step-4") and metrics["step"] == 4
-    assert metrics["chunk"]["examples"] == 5 and metrics["bf16"] is True
+    assert metrics["chunk"]["examples"] == 5 and metrics["bf16"] is True and metrics["precision"] == "bf16"
     err = capsys.readouterr().err
-    assert ("WARNING: eval.bf16" in err) is not cpu_has_native_bf16()  # the product's own detection decides
+    assert "--bf16 is deprecated" in err  # the old flag still works, and says what to write instead
+    assert ("WARNING: eval.precision=bf16" in err) is not cpu_has_native_bf16()  # the product's own detection decides
     assert "other prepared data" not in err  # step-4 was trained on this data
 
 
@@ -103,3 +104,14 @@ def test_a_checkpoint_trained_on_other_data_is_flagged(world, capsys):
     metrics = json.loads((world.run_dir / "eval" / "test-last" / "metrics.json").read_text())
     assert metrics["training_data_fingerprint"] == "other-data" and metrics["data_fingerprint"] == "test"
     assert "trained on other prepared data (fingerprint other-data)" in capsys.readouterr().err
+
+
+def test_int8_evaluation_says_its_precision_and_attention(world, capsys):
+    argv = ["--config", str(world.config_path), "--split", "test", "--quiet", "--precision", "int8"]
+    assert _main(argv) == 0
+    metrics = json.loads((world.run_dir / "eval" / "test-final" / "metrics.json").read_text())
+    assert (metrics["precision"], metrics["bf16"], metrics["attention"]) == ("int8", False, "sdpa")
+    assert "precision int8, attention sdpa" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        _main(argv + ["--bf16"])  # two precisions at once: refused, naming both
+    assert "--bf16 (deprecated spelling of --precision bf16) conflicts with --precision int8" in capsys.readouterr().err
