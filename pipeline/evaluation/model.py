@@ -7,7 +7,6 @@ sha256), as resume does: a flipped byte is an error naming the file, never a sco
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +28,7 @@ def resolve_checkpoint(run_dir: str | Path, name: str) -> Path:
 
 def _verified(ckpt: Path) -> None:
     if checkpoint.is_final(ckpt) and not (ckpt / artifacts.MANIFEST).is_file():
-        print(f"warning: {ckpt} has no {artifacts.MANIFEST} (exported by an older version): loaded unverified",
-              file=sys.stderr)
+        checkpoint.warn(f"{ckpt} has no {artifacts.MANIFEST} (exported by an older version): loaded unverified")
         return
     reason = checkpoint.verify(ckpt, deep=True)
     if reason:

@@ -108,10 +108,9 @@ def _records_up_to(path: Path, step: int) -> list[str]:
             record = json.loads(line)
         except json.JSONDecodeError:
             if number == len(lines):
-                print(f"warning: {path}:{number}: dropped a torn last line (a write cut short): {line[:60]!r}",
-                      file=sys.stderr, flush=True)
+                checkpoint.warn(f"{path}:{number}: dropped a torn last line (a write cut short): {line[:60]!r}")
             else:
-                print(f"warning: {path}:{number}: kept a line that is not JSON: {line[:60]!r}", file=sys.stderr, flush=True)
+                checkpoint.warn(f"{path}:{number}: kept a line that is not JSON: {line[:60]!r}")
                 kept.append(line)
             continue
         if not isinstance(record, dict) or record.get("step", 0) <= step:
