@@ -186,9 +186,10 @@ def _report_order(removed: np.ndarray, kept: np.ndarray, sim: np.ndarray, ids: l
 
 
 def _entries(plan: Plan, rows: list[int], texts: list[str], ids: list[str]) -> list[dict]:
-    """The report's entries of some members (positions in plan.members)."""
-    return [{"id": ids[plan.members[k]], "kind": "near" if plan.near[k] else "exact",
-             "similarity": plan.similarity[k], "text": texts[plan.members[k]][:SNIPPET_CHARS]} for k in rows]
+    """The report's entries of the members at positions `rows` of plan.members."""
+    members, near = plan.members[rows].tolist(), plan.near[rows].tolist()
+    return [{"id": ids[r], "kind": "near" if x else "exact", "similarity": plan.similarity[k],
+             "text": texts[r][:SNIPPET_CHARS]} for r, x, k in zip(members, near, rows)]
 
 
 def write_report(plan: Plan, texts: list[str], ids: list[str], path) -> None:
@@ -210,7 +211,7 @@ def write_report(plan: Plan, texts: list[str], ids: list[str], path) -> None:
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
 
 
-def test_rows(ds, cfg: DedupConfig) -> np.ndarray | None:
+def protected_rows(ds, cfg: DedupConfig) -> np.ndarray | None:
     """(N,) bool: the rows of the source's own test split, protected under dedup.keep_test_whole;
     None when the setting is off. A source without a test split of its own is an error."""
     if not cfg.keep_test_whole:
@@ -239,7 +240,7 @@ def _test_stats(ds, plan: Plan | None, cfg: DedupConfig) -> dict:
 
 def dedup(ds, cfg: DedupConfig, ctx: StageContext) -> StageResult:
     """The stage: `ds` with columns id, text, label, source_split; the same columns out."""
-    protected = test_rows(ds, cfg)
+    protected = protected_rows(ds, cfg)
     if cfg.method == "none":
         return StageResult(ds, {}, {"method": "none", **_test_stats(ds, None, cfg)})
     texts, ids = ds["text"][:], ds["id"][:]  # whole-column slices: lists, fast (iterating a Column is not)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 
-def test_set(manifests: dict[str, dict], documents: int) -> str:
+def describe_test_set(manifests: dict[str, dict], documents: int) -> str:
     """Which test set `documents` scored documents are, from the prepare manifests behind them
     (runner.stage_manifests): the source's official split kept whole, a deduplicated one, or one
     held out by hash. Counts are documents (rows before chunking)."""

@@ -58,7 +58,7 @@ def _test_set(prepared: Any, documents: int) -> str:
     """metrics.json's test_set: which test set was scored, from the manifests of the prepared data."""
     from pipeline.data.runner import stage_manifests
 
-    return report.test_set(stage_manifests(prepared.stage_dir), documents)
+    return report.describe_test_set(stage_manifests(prepared.stage_dir), documents)
 
 
 def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bool = True) -> dict | None:
