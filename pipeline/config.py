@@ -83,6 +83,10 @@ class DedupConfig:
     rows: int = opt(0, "LSH rows per band; 0 = chosen from threshold and num_perm (with bands)", bounds="[0, inf)")
     verify: bool = opt(True, "check candidate pairs with exact Jaccard and drop false positives")
     seed: int = opt(1, "seed of the MinHash permutations", bounds="[0, 4294967295]")
+    # here, not in split: the dedup stage needs it and the split stage already reads this section
+    keep_test_whole: bool = opt(False, "benchmark mode: keep the source's own test split whole; a copy across "
+                                "splits is removed from train/validation, copies within test are only reported "
+                                "(dedup and the leakage check); needs split.use_source_split")
 
 
 @dataclass(frozen=True)
@@ -427,6 +431,9 @@ def validate(cfg: Config) -> None:
     d = cfg.dedup
     if (d.bands > 0) != (d.rows > 0) or d.bands * d.rows > d.num_perm:
         raise ConfigError(f"dedup.bands and dedup.rows go together and bands*rows <= num_perm ({d.num_perm})")
+    if d.keep_test_whole and not s.use_source_split:
+        raise ConfigError("dedup.keep_test_whole=true keeps the source's own test split, but "
+                          "split.use_source_split=false re-splits by ratio; set one of them the other way")
     if s.chunk == "words" and s.chunk_overlap >= s.chunk_size:
         raise ConfigError(f"split.chunk_overlap must be below split.chunk_size={s.chunk_size}, got {s.chunk_overlap}")
     c = cfg.clean

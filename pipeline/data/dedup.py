@@ -11,6 +11,11 @@ order in the dataset (exact copies differ only in case and spacing, so the small
 Counted drops: `exact_duplicate` (same normalized text as the kept row) and `near_duplicate`.
 The report `clusters.jsonl` has one line per cluster of two or more rows:
   {"kept": id, "size": n, "text": ..., "removed": [{"id", "kind": "exact"|"near", "similarity", "text"}]}
+
+dedup.keep_test_whole (benchmark mode, for a source with its own test split): test rows are
+protected. They rank before every other row, so a cluster with a test member keeps a test row,
+and no test row is removed: the cluster's train/validation members are (cross-split copies), and
+its other test members stay and are listed under "kept_within_test" (same fields as "removed").
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import numpy as np
 
 from pipeline.config import DedupConfig
 from pipeline.data import minhash
-from pipeline.data.common import StageContext, StageResult
+from pipeline.data.common import StageContext, StageResult, column
+from pipeline.data.split import SOURCE_SPLIT_NAMES, source_split_names
 
 REPORT = "clusters.jsonl"
 SNIPPET_CHARS = 200  # text kept per row in the report
@@ -30,20 +36,32 @@ SNIPPET_CHARS = 200  # text kept per row in the report
 
 @dataclass
 class Plan:
-    """What dedup decided for a list of texts (row indices into that list). The removed rows are
-    in report order: by their kept row's id, then similarity (highest first), then rank."""
+    """What dedup decided for a list of texts (row indices into that list). The members (every
+    row of a cluster but its kept one) are in report order: by their kept row's id, then
+    similarity (highest first), then rank."""
 
     keep: np.ndarray  # (K,) rows kept, ascending
-    removed: np.ndarray  # (D,) rows removed
-    kept_of: np.ndarray  # (D,) the kept row of each removed row's cluster
+    members: np.ndarray  # (D,) the other rows of each cluster
+    kept_of: np.ndarray  # (D,) the kept row of each member's cluster
     near: np.ndarray  # (D,) bool: a near duplicate of its kept row (else an exact one)
     similarity: list[float]  # (D,) Jaccard with the kept row, rounded to 4 places
+    stays: np.ndarray  # (D,) bool: a protected (test) row, kept although it is a copy
+    protected: bool = False  # planned with protected rows (dedup.keep_test_whole)
     stats: dict = field(default_factory=dict)
 
+    @property
+    def removed(self) -> np.ndarray:
+        """(R,) the rows removed, in report order."""
+        return self.members[~self.stays]
 
-def _rank(norm: list[str], ids: list[str], texts: list[str]):
-    """Sort key of a row: smaller is kept. Longest normalized text, then smallest id, text, row."""
-    return lambda i: (-len(norm[i]), ids[i], texts[i], i)
+
+def _rank(norm: list[str], ids: list[str], texts: list[str], protected: np.ndarray | None = None):
+    """Sort key of a row: smaller is kept. A protected row first, then the longest normalized text,
+    then the smallest id, text, row."""
+    if protected is None:
+        return lambda i: (-len(norm[i]), ids[i], texts[i], i)
+    first = (~protected).tolist()  # False (protected) sorts first
+    return lambda i: (first[i], -len(norm[i]), ids[i], texts[i], i)
 
 
 def _rank_places(rows: np.ndarray, rank) -> np.ndarray:
@@ -127,11 +145,13 @@ def _kept_per_rep(reps: np.ndarray, labels: np.ndarray, jaccard, rank) -> tuple[
     return kept, sim
 
 
-def plan_dedup(texts: list[str], ids: list[str], cfg: DedupConfig, num_proc: int = 1, near=None) -> Plan:
+def plan_dedup(texts: list[str], ids: list[str], cfg: DedupConfig, num_proc: int = 1, near=None,
+               protected: np.ndarray | None = None) -> Plan:
     """Decide which rows to keep (method exact or minhash) and describe every cluster. `near`: the
-    engine's near-cluster search (default: in this process, signatures in `num_proc` processes)."""
+    engine's near-cluster search (default: in this process, signatures in `num_proc` processes).
+    `protected` (N,) bool: rows never removed (the test split under dedup.keep_test_whole)."""
     norm = [minhash.normalize_text(t) for t in texts]
-    rank = _rank(norm, ids, texts)
+    rank = _rank(norm, ids, texts, protected)
     group = _exact_groups(norm, rank)
     reps = np.flatnonzero(group == np.arange(len(texts)))
     stats: dict = {"method": cfg.method}
@@ -143,13 +163,16 @@ def plan_dedup(texts: list[str], ids: list[str], cfg: DedupConfig, num_proc: int
         kept_rep, sim_rep = _kept_per_rep(reps, labels, jaccard, rank)
     at = np.searchsorted(reps, group)  # (N,) each row's exact group, as a position in reps
     kept = kept_rep[at]
-    removed = np.flatnonzero(kept != np.arange(len(texts)))
-    near = group[removed] != kept[removed]  # copies of a removed representative are near too
-    sim = np.array([round(s, 4) for s in np.where(near, sim_rep[at[removed]], 1.0).tolist()])
-    order = _report_order(removed, kept[removed], sim, ids, rank)
-    stats["clusters"] = len(np.unique(kept[removed]))
-    keep = np.flatnonzero(kept == np.arange(len(texts)))
-    return Plan(keep, removed[order], kept[removed][order], near[order], sim[order].tolist(), stats)
+    members = np.flatnonzero(kept != np.arange(len(texts)))
+    near = group[members] != kept[members]  # copies of a removed representative are near too
+    sim = np.array([round(s, 4) for s in np.where(near, sim_rep[at[members]], 1.0).tolist()])
+    order = _report_order(members, kept[members], sim, ids, rank)
+    stats["clusters"] = len(np.unique(kept[members]))
+    stays = np.zeros(len(texts), dtype=bool) if protected is None else protected
+    keep = np.flatnonzero((kept == np.arange(len(texts))) | stays)
+    members = members[order]
+    return Plan(keep, members, kept[members], near[order], sim[order].tolist(), stays[members],
+                protected is not None, stats)
 
 
 def _report_order(removed: np.ndarray, kept: np.ndarray, sim: np.ndarray, ids: list[str], rank) -> np.ndarray:
@@ -162,10 +185,18 @@ def _report_order(removed: np.ndarray, kept: np.ndarray, sim: np.ndarray, ids: l
     return np.lexsort((_rank_places(removed, rank), -sim, by_id[np.searchsorted(clusters, kept)]))
 
 
+def _entries(plan: Plan, rows: list[int], texts: list[str], ids: list[str]) -> list[dict]:
+    """The report's entries of the members at positions `rows` of plan.members."""
+    members, near = plan.members[rows].tolist(), plan.near[rows].tolist()
+    return [{"id": ids[r], "kind": "near" if x else "exact", "similarity": plan.similarity[k],
+             "text": texts[r][:SNIPPET_CHARS]} for r, x, k in zip(members, near, rows)]
+
+
 def write_report(plan: Plan, texts: list[str], ids: list[str], path) -> None:
-    """One JSON line per cluster: kept id, size, and each removed id with its similarity."""
-    rows, kinds = plan.removed.tolist(), ["near" if x else "exact" for x in plan.near.tolist()]
+    """One JSON line per cluster: kept id, size, and each removed id with its similarity (and,
+    when rows were protected, each protected copy kept within test)."""
     bounds = np.flatnonzero(np.diff(plan.kept_of, prepend=-1, append=-1)).tolist()  # cluster starts, then the end
+    stays = plan.stays.tolist()
     with open(path, "w", encoding="utf-8") as f:
         for s, e in zip(bounds[:-1], bounds[1:]):
             kept = int(plan.kept_of[s])
@@ -173,22 +204,49 @@ def write_report(plan: Plan, texts: list[str], ids: list[str], path) -> None:
                 "kept": ids[kept],
                 "size": 1 + e - s,
                 "text": texts[kept][:SNIPPET_CHARS],
-                "removed": [
-                    {"id": ids[r], "kind": kind, "similarity": sim, "text": texts[r][:SNIPPET_CHARS]}
-                    for r, kind, sim in zip(rows[s:e], kinds[s:e], plan.similarity[s:e])
-                ],
+                "removed": _entries(plan, [k for k in range(s, e) if not stays[k]], texts, ids),
             }
+            if plan.protected:
+                line["kept_within_test"] = _entries(plan, [k for k in range(s, e) if stays[k]], texts, ids)
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
+
+
+def protected_rows(ds, cfg: DedupConfig) -> np.ndarray | None:
+    """(N,) bool: the rows of the source's own test split, protected under dedup.keep_test_whole;
+    None when the setting is off. A source without a test split of its own is an error."""
+    if not cfg.keep_test_whole:
+        return None
+    names = source_split_names(column(ds, "source_split"))
+    if "test" not in names:
+        found = sorted(set(names) - {""}) or "none"
+        raise ValueError(f"dedup.keep_test_whole=true keeps the source's own test split, but this source has "
+                         f"none (its splits: {found}); set dedup.keep_test_whole=false, or name the split "
+                         f"column with source.split_field")
+    return np.array([n == "test" for n in names], dtype=bool)
+
+
+def _test_stats(ds, plan: Plan | None, cfg: DedupConfig) -> dict:
+    """What dedup did to the source's own test split, for the record evaluate reads (metrics.json's
+    test_set); {} when the source has no test split."""
+    raw = column(ds, "source_split")  # names split.py would refuse are not test rows here: split reports them
+    is_test = np.array([SOURCE_SPLIT_NAMES.get(r.lower()) == "test" for r in raw], dtype=bool)
+    if not is_test.any():
+        return {}
+    removed = int(is_test[plan.removed].sum()) if plan is not None else 0
+    copies = int(plan.stays.sum()) if plan is not None else 0
+    return {"test_split": {"rows": int(is_test.sum()), "removed": removed, "kept_within_test": copies,
+                           "kept_whole": cfg.keep_test_whole}}
 
 
 def dedup(ds, cfg: DedupConfig, ctx: StageContext) -> StageResult:
     """The stage: `ds` with columns id, text, label, source_split; the same columns out."""
+    protected = protected_rows(ds, cfg)
     if cfg.method == "none":
-        return StageResult(ds, {}, {"method": "none"})
+        return StageResult(ds, {}, {"method": "none", **_test_stats(ds, None, cfg)})
     texts, ids = ds["text"][:], ds["id"][:]  # whole-column slices: lists, fast (iterating a Column is not)
-    plan = plan_dedup(texts, ids, cfg, ctx.num_proc, ctx.engine.near_clusters)
+    plan = plan_dedup(texts, ids, cfg, ctx.num_proc, ctx.engine.near_clusters, protected)
     write_report(plan, texts, ids, ctx.out_dir / REPORT)
-    near = int(plan.near.sum())
-    dropped = {"exact_duplicate": len(plan.near) - near, "near_duplicate": near}
+    near = int(plan.near[~plan.stays].sum())
+    dropped = {"exact_duplicate": len(plan.removed) - near, "near_duplicate": near}
     out = ds.select(plan.keep) if len(plan.keep) < len(texts) else ds
-    return StageResult(out, dropped, {**plan.stats, "report": REPORT})
+    return StageResult(out, dropped, {**plan.stats, **_test_stats(ds, plan, cfg), "report": REPORT})

@@ -29,6 +29,7 @@ class Prepared:
     tokenizer_dir: Path
     label_names: list[str]
     fingerprint: str
+    stage_dir: Path  # the tokenize stage's folder; runner.stage_manifests reads the chain behind it
 
 
 def load_prepared(cfg: Config, config_path: str = "<config>") -> Prepared:
@@ -56,4 +57,5 @@ def load_prepared(cfg: Config, config_path: str = "<config>") -> Prepared:
         tokenizer_dir=stage_dir / "tokenizer",
         label_names=list(info["label_names"]),
         fingerprint=info["fingerprint"],
+        stage_dir=stage_dir,
     )

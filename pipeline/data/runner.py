@@ -165,7 +165,7 @@ def _run_stages(cfg: Config, engine: Any, input_fp: str, first_forced: int, prog
     data, data_dir, rows, manifests = None, None, [], {}
     for k, stage in enumerate(stage_table(cfg)):
         fp = artifacts.fingerprint(stage.name, code_fingerprint(stage.fn), _config_dicts(stage.config), input_fp)
-        out = stages_root / f"{k}-{stage.name}-{fp}"
+        out = stage_folder(stages_root, k, stage.name, fp)
         t0 = time.perf_counter()
         # a forced stage is replaced when its new copy is complete, never deleted first: a kill
         # in the middle of rmtree could leave its manifest next to half of its data
@@ -182,6 +182,28 @@ def _run_stages(cfg: Config, engine: Any, input_fp: str, first_forced: int, prog
             rows.append({**_row(man), "cached": False})
         input_fp, data_dir, manifests[stage.name] = fp, out, man
     return data_dir, manifests, rows
+
+
+def stage_folder(stages_root: Path, k: int, name: str, fp: str) -> Path:
+    """Where stage k (`name`) with fingerprint `fp` lives: the one owner of the layout."""
+    return stages_root / f"{k}-{name}-{fp}"
+
+
+def stage_manifests(stage_dir: Path) -> dict[str, dict]:
+    """The manifests of a stage folder and of the stages that made its input, by stage name, walked
+    back through their input fingerprints; the walk stops at a folder that is gone or incomplete."""
+    found: dict[str, dict] = {}
+    folder = stage_dir
+    while artifacts.is_complete(folder):
+        man = artifacts.read_json(folder / artifacts.MANIFEST)
+        if man.get("stage") not in STAGE_NAMES:
+            break
+        found[man["stage"]] = man
+        k = STAGE_NAMES.index(man["stage"])
+        if k == 0 or not man.get("input_fingerprint"):
+            break
+        folder = stage_folder(stage_dir.parent, k - 1, STAGE_NAMES[k - 1], man["input_fingerprint"])
+    return found
 
 
 def _check_output_outside_input(cfg: Config) -> None:

@@ -39,18 +39,26 @@ def assign(ids: list[str], labels: list[str], ratios: tuple[float, float, float]
     return out
 
 
-def _from_source(ds, cfg: SplitConfig) -> list[str] | None:
-    """Use the source's own split; a missing validation split is carved from train by hash."""
-    raw = column(ds, "source_split")
-    if not cfg.use_source_split or not any(raw):
-        return None
+def source_split_names(raw: list[str]) -> list[str]:
+    """The canonical split (train/validation/test) of each row's source split name; "" stays ""
+    when no row has one. A name that is not a split (or a known alias) is an error."""
+    if not any(raw):
+        return list(raw)
     unknown = sorted({r for r in raw if r.lower() not in SOURCE_SPLIT_NAMES})
     if unknown:
         raise ValueError(
             f"source split names {unknown} are not train/validation/test (or a known alias: "
             f"{', '.join(sorted(SOURCE_SPLIT_NAMES))}); set split.use_source_split=false to re-split by ratio"
         )
-    names = [SOURCE_SPLIT_NAMES[r.lower()] for r in raw]
+    return [SOURCE_SPLIT_NAMES[r.lower()] for r in raw]
+
+
+def _from_source(ds, cfg: SplitConfig) -> list[str] | None:
+    """Use the source's own split; a missing validation split is carved from train by hash."""
+    raw = column(ds, "source_split")
+    if not cfg.use_source_split or not any(raw):
+        return None
+    names = source_split_names(raw)
     if "validation" not in names and cfg.validation > 0:
         share = cfg.validation / (cfg.train + cfg.validation)
         ids = column(ds, "id")
@@ -101,28 +109,43 @@ def _chunk_rows(ds, cfg: SplitConfig, ctx: StageContext):
     return ctx.engine.map_batches(ds, cut, added, remove_columns=ds.column_names, desc="chunk")
 
 
+def leakage_checks(keep_test_whole: bool) -> tuple[tuple[str, str], ...]:
+    """(query split, reference split) pairs, in order; a leaking query document is the one removed.
+    Today's check: validation and test against train. With the test split kept whole, the test
+    split is the reference: train and validation documents near one are removed instead, then
+    validation against what is left of train."""
+    if keep_test_whole:
+        return ("train", "test"), ("validation", "test"), ("validation", "train")
+    return ("validation", "train"), ("test", "train")
+
+
 def _leakage(parts: dict, cfg: SplitConfig, ctx: StageContext) -> tuple[dict, dict]:
-    """Find validation/test documents with a near-duplicate in train; drop them when cfg says so."""
+    """Find documents with a near duplicate across splits; drop them from the query side when
+    cfg says so. leakage.jsonl: one line per leaking document, by check then id (not row order),
+    naming the split it was removed from (null: kept)."""
     from pipeline.data.minhash import cross_duplicates
 
     dropped, leaks = {}, []
-    train = parts["train"]
-    for name in ("validation", "test"):
-        if parts[name].num_rows == 0 or train.num_rows == 0:
+    checks = leakage_checks(getattr(ctx.similarity, "keep_test_whole", False))
+    for name, ref in checks:
+        query, reference = parts[name], parts[ref]
+        if query.num_rows == 0 or reference.num_rows == 0:
             continue
         find = getattr(ctx.engine, "cross_duplicates", None) or cross_duplicates  # the Ray engine's: a join
-        hits = find(column(train, "text"), column(parts[name], "text"), ctx.similarity, cfg.leakage_threshold,
+        hits = find(column(reference, "text"), column(query, "text"), ctx.similarity, cfg.leakage_threshold,
                     ctx.num_proc)
-        qids, tids = column(parts[name], "id"), column(train, "id")
-        leaks += [{"split": name, "id": qids[q], "train_id": tids[r], "jaccard": round(j, 4)} for q, r, j in hits]
-        if hits and cfg.leakage == "remove":
+        qids, rids = column(query, "id"), column(reference, "id")
+        removed = name if cfg.leakage == "remove" else None
+        leaks += sorted(({"split": name, "id": qids[q], f"{ref}_id": rids[r], "jaccard": round(j, 4),
+                          "removed": removed} for q, r, j in hits), key=lambda row: row["id"])  # not row order
+        if hits and removed:
             bad = {q for q, _, _ in hits}
-            parts[name] = parts[name].select([k for k in range(parts[name].num_rows) if k not in bad])
-            dropped[f"leak_{name}"] = len(bad)
+            parts[name] = query.select([k for k in range(query.num_rows) if k not in bad])
+            dropped[f"leak_{name}"] = dropped.get(f"leak_{name}", 0) + len(bad)
     with open(ctx.out_dir / "leakage.jsonl", "w", encoding="utf-8") as f:
         for row in leaks:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    found = {name: sum(1 for r in leaks if r["split"] == name) for name in ("validation", "test")}
+    found = {name: sum(1 for r in leaks if r["split"] == name) for name in dict(checks)}
     return dropped, found
 
 

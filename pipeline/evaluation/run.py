@@ -54,6 +54,13 @@ def _write(out: Path, metrics: dict, dataset: Any, logits: np.ndarray, docs: agg
         report.write_tensorboard(tmp, metrics, names, step)
 
 
+def _test_set(prepared: Any, documents: int) -> str:
+    """metrics.json's test_set: which test set was scored, from the manifests of the prepared data."""
+    from pipeline.data.runner import stage_manifests
+
+    return report.describe_test_set(stage_manifests(prepared.stage_dir), documents)
+
+
 def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bool = True) -> dict | None:
     """Run the whole evaluation; the metrics dict on the main process, None on the others."""
     from pipeline.accel import make_accelerator
@@ -85,6 +92,7 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
         "seconds": round(seconds, 3), "examples_per_second": len(dataset) / max(seconds, 1e-9),
         "processes": accelerator.num_processes, "precision": precision, "bf16": precision == "bf16",
         "attention": inference.attention_of(model), "batch_size": cfg.eval.batch_size,
+        "test_set": _test_set(prepared, len(docs.ids)) if cfg.eval.split == "test" else None,
         "data_fingerprint": prepared.fingerprint, "training_data_fingerprint": trained_on, "output_dir": str(out), "versions": artifacts.library_versions(),
     }
     _write(out, metrics, dataset, logits, docs, cfg, metrics["step"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -136,12 +137,14 @@ def test_two_processes_give_the_same_output(tmp_path):
 # ---------------------------------------------------------------- a slow reference of the whole plan
 
 
-def reference_plan(texts: list[str], ids: list[str], cfg: DedupConfig) -> tuple[list[int], list[str]]:
+def reference_plan(texts: list[str], ids: list[str], cfg: DedupConfig,
+                   test: set | None = None) -> tuple[list[int], list[str]]:
     """The dedup decision written plainly (Python sets, dicts, one loop per pair and per member):
     kept rows and the report's lines, for the vectorized stage to match byte for byte. Only the
-    LSH candidates come from minhash.py (their equality with MinHashLSH is tested there)."""
+    LSH candidates come from minhash.py (their equality with MinHashLSH is tested there). `test`:
+    rows protected by dedup.keep_test_whole (ranked first, never removed)."""
     norm = [minhash.normalize_text(t) for t in texts]
-    rank = lambda i: (-len(norm[i]), ids[i], texts[i], i)  # noqa: E731
+    rank = lambda i: ((i not in test,) if test is not None else ()) + (-len(norm[i]), ids[i], texts[i], i)  # noqa: E731
     groups: dict[str, list[int]] = {}
     for i, t in enumerate(norm):
         groups.setdefault(t, []).append(i)
@@ -173,9 +176,12 @@ def reference_plan(texts: list[str], ids: list[str], cfg: DedupConfig) -> tuple[
     lines = []
     for k in sorted(removed, key=lambda k: (ids[k], k)):
         out = [{"id": ids[c], "kind": kind, "similarity": s, "text": texts[c][:200]} for c, kind, s in removed[k]]
-        line = {"kept": ids[k], "size": 1 + len(out), "text": texts[k][:200], "removed": out}
+        line = {"kept": ids[k], "size": 1 + len(out), "text": texts[k][:200],
+                "removed": [o for o, (c, _, _) in zip(out, removed[k]) if c not in (test or ())]}
+        if test is not None:
+            line["kept_within_test"] = [o for o, (c, _, _) in zip(out, removed[k]) if c in test]
         lines.append(json.dumps(line, ensure_ascii=False) + "\n")
-    gone = {c for rows in removed.values() for c, _, _ in rows}
+    gone = {c for rows in removed.values() for c, _, _ in rows} - (test or set())
     return [i for i in range(len(texts)) if i not in gone], lines
 
 
@@ -221,3 +227,114 @@ def test_plan_and_report_equal_the_slow_reference(tmp_path, cfg):
     sizes = [json.loads(line)["size"] for line in lines]
     if cfg.method == "minhash" and cfg.threshold == 0.5:
         assert max(sizes) >= 30 and len(sizes) >= 25  # the planted clusters are really there
+
+
+@pytest.mark.parametrize("cfg", [DedupConfig(method="minhash", threshold=0.5), DedupConfig(method="exact")],
+                         ids=["t0.5", "exact"])
+def test_keep_test_whole_plan_and_report_equal_the_slow_reference(tmp_path, cfg):
+    """A third of the tangled rows in test, by a hash of the row: clusters mixing the splits."""
+    texts, ids = tangled()
+    test = {i for i in range(len(texts)) if (i * 2654435761) % 7 < 3}
+    keep, lines = reference_plan(texts, ids, cfg, test)
+    splits = ["test" if i in test else "train" for i in range(len(texts))]
+    cfg = DedupConfig(**{**cfg.__dict__, "keep_test_whole": True})
+    result = dedup(split_dataset(texts, ids, splits), cfg, StageContext(out_dir=tmp_path))
+    assert (tmp_path / REPORT).read_text(encoding="utf-8") == "".join(lines)
+    assert result.data["id"] == [ids[i] for i in keep] and test <= set(keep)
+    within = sum(len(json.loads(line)["kept_within_test"]) for line in lines)
+    assert within == result.stats["test_split"]["kept_within_test"] > 0
+    assert sum(bool(json.loads(line)["removed"]) and json.loads(line)["kept"] in {ids[i] for i in test}
+               for line in lines) > 0  # clusters where a test row is kept over train rows are really there
+
+
+# ---------------------------------------------------------------- dedup.keep_test_whole (benchmark mode)
+
+
+def split_source() -> tuple[list[str], list[str], list[str]]:
+    """20 train and 20 test texts of a source with its own split (texts, ids, source_split), with:
+    a within-test exact copy (t01 of t00) and near copy (t03 of t02); a train copy of t04 that is
+    longer (r00, kept over t04 by default); a train exact copy of t05 with a smaller id (r01) in a
+    cluster with t05's test near copy t06; and a train-only pair (r03 a near copy of r02)."""
+    base = unrelated(40, seed=7)
+    train, test = base[:20], base[20:]
+    test[1] = "  " + test[0].upper() + " "
+    test[3] = edit(test[2], [5], "wn")  # J = 25/31 with t02, and shorter: t02 is kept
+    train[0] = test[4] + " extra words"  # J = 28/30 with t04
+    train[1] = test[5]
+    test[6] = edit(test[5], [10], "m")
+    train[2], train[3] = base[0], edit(base[0], [3], "tr")
+    ids = [f"r{k:02d}" for k in range(20)] + [f"t{k:02d}" for k in range(20)]
+    return train + test, ids, ["train"] * 20 + ["test"] * 20
+
+
+def split_dataset(texts, ids, splits) -> Dataset:
+    return Dataset.from_dict({"id": ids, "text": texts, "label": ["x"] * len(texts), "source_split": splits})
+
+
+def entry(ids, texts, name, kind, sim) -> dict:
+    return {"id": name, "kind": kind, "similarity": sim, "text": texts[ids.index(name)][:200]}
+
+
+def test_keep_test_whole_removes_the_train_side_and_reports_within_test_copies(tmp_path):
+    texts, ids, splits = split_source()
+    cfg = DedupConfig(method="minhash", threshold=0.7, keep_test_whole=True)
+    result = dedup(split_dataset(texts, ids, splits), cfg, StageContext(out_dir=tmp_path))
+    assert result.data["id"] == [i for i in ids if i not in {"r00", "r01", "r03"}]  # every test row stays
+    assert result.dropped == {"exact_duplicate": 1, "near_duplicate": 2}
+    assert result.stats["test_split"] == {"rows": 20, "removed": 0, "kept_within_test": 3, "kept_whole": True}
+    report = read_report(tmp_path / REPORT)
+    e = lambda name, kind, sim: entry(ids, texts, name, kind, sim)  # noqa: E731
+    assert {k: (v["size"], v["removed"], v["kept_within_test"]) for k, v in report.items()} == {
+        "r02": (2, [e("r03", "near", round(25 / 31, 4))], []),
+        "t00": (2, [], [e("t01", "exact", 1.0)]),
+        "t02": (2, [], [e("t03", "near", round(25 / 31, 4))]),
+        "t04": (2, [e("r00", "near", round(28 / 30, 4))], []),
+        "t05": (3, [e("r01", "exact", 1.0)], [e("t06", "near", round(25 / 31, 4))]),
+    }
+
+
+def test_without_keep_test_whole_the_same_source_loses_test_rows(tmp_path):
+    texts, ids, splits = split_source()
+    result = dedup(split_dataset(texts, ids, splits), DedupConfig(method="minhash", threshold=0.7),
+                   StageContext(out_dir=tmp_path))
+    gone = {"t01", "t03", "t04", "t05", "t06", "r03"}  # r00 is longer than t04, r01's id smaller than t05's
+    assert result.data["id"] == [i for i in ids if i not in gone]
+    assert result.stats["test_split"] == {"rows": 20, "removed": 5, "kept_within_test": 0, "kept_whole": False}
+    assert all("kept_within_test" not in line for line in read_report(tmp_path / REPORT).values())
+
+
+def test_keep_test_whole_does_not_depend_on_row_order(tmp_path):
+    texts, ids, splits = split_source()
+    cfg = DedupConfig(method="minhash", threshold=0.7, keep_test_whole=True)
+    outs = []
+    for k, order in enumerate([list(range(40)), np.random.default_rng(3).permutation(40).tolist()]):
+        (tmp_path / str(k)).mkdir()
+        ds = split_dataset(*([v[i] for i in order] for v in (texts, ids, splits)))
+        result = dedup(ds, cfg, StageContext(out_dir=tmp_path / str(k)))
+        outs.append((sorted(result.data["id"]), result.dropped, (tmp_path / str(k) / REPORT).read_text()))
+    assert outs[0] == outs[1]
+
+
+def test_keep_test_whole_with_method_none_counts_the_test_split(tmp_path):
+    texts, ids, splits = split_source()
+    result = dedup(split_dataset(texts, ids, splits), DedupConfig(method="none", keep_test_whole=True),
+                   StageContext(out_dir=tmp_path))
+    assert len(result.data) == 40 and result.stats["test_split"]["rows"] == 20
+
+
+def test_keep_test_whole_needs_a_source_test_split(tmp_path):
+    texts, ids, _ = split_source()
+    cfg = DedupConfig(keep_test_whole=True)
+    with pytest.raises(ValueError, match=r"^dedup.keep_test_whole=true .* this source has none \(its splits: none\)"):
+        dedup(split_dataset(texts, ids, [""] * 40), cfg, StageContext(out_dir=tmp_path))
+    with pytest.raises(ValueError, match=r"this source has none \(its splits: \['train'\]\)"):
+        dedup(split_dataset(texts, ids, ["train"] * 40), cfg, StageContext(out_dir=tmp_path))
+
+
+def test_keep_test_whole_with_a_ratio_split_is_a_config_error():
+    from pipeline.config import ConfigError, load_config
+
+    tiny = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
+    with pytest.raises(ConfigError, match=r"^dedup.keep_test_whole=true .* split.use_source_split=false"):
+        load_config(tiny, ["dedup.keep_test_whole=true", "split.use_source_split=false"])
+    assert load_config(tiny, ["dedup.keep_test_whole=true"]).dedup.keep_test_whole is True

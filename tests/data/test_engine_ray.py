@@ -142,6 +142,46 @@ def test_dedup_on_ray_equals_local_at_any_blocks_and_row_order(tmp_path, ray_clu
     assert {"id": ids[680], "kind": "near", "similarity": 0.8413, "text": texts[680][:200]} in chain["removed"]
 
 
+def test_keep_test_whole_on_ray_equals_local(tmp_path, ray_cluster):
+    """dedup.keep_test_whole is decided in dedup.py's plan and split.py's leakage choice, which both
+    engines share: a third of the planted corpus in test (clusters mixing the splits), rows shuffled."""
+    from datasets import Dataset
+
+    from pipeline.config import SplitConfig
+    from pipeline.data.engine_ray import RayEngine
+    from pipeline.data.split import split
+
+    texts, ids = _corpus()
+    splits = ["test" if k % 3 == 0 else "train" for k in range(len(texts))]
+    for k in range(100, 130):  # leaks: 5 of 60 words off (J = 43/73, under dedup's 0.75), in the other split
+        words = texts[k].split()
+        words[5:30:6] = ["leak"] * 5
+        texts.append(" ".join(words))
+        ids.append(f"leak{k}")
+        splits.append("train" if splits[k] == "test" else "test")
+    cfg = DedupConfig(method="minhash", threshold=0.75, num_perm=128, keep_test_whole=True)
+    order = list(range(len(texts)))
+    random.Random(3).shuffle(order)
+    outs = {}
+    engines = (("local", None, range(len(texts))), ("ray", RayEngine.connect(RayConfig(blocks=3)), order))
+    for name, engine, rows in engines:
+        out = tmp_path / name
+        out.mkdir()
+        ds = Dataset.from_dict({"id": [ids[i] for i in rows], "text": [texts[i] for i in rows],
+                                "label": ["a"] * len(texts), "source_split": [splits[i] for i in rows]})
+        ctx = StageContext(out_dir=out, engine=engine, similarity=cfg)
+        kept = dedup(ds, cfg, ctx)
+        parts = split(kept.data, SplitConfig(leakage_threshold=0.5), ctx)
+        outs[name] = (sorted(kept.data["id"][:]), kept.dropped, stable(kept.stats, VOLATILE), parts.dropped,
+                      {s: sorted(parts.data[s]["id"][:]) for s in parts.data}, (out / REPORT).read_bytes(),
+                      (out / "leakage.jsonl").read_bytes())
+    assert outs["ray"] == outs["local"]
+    assert outs["local"][2]["test_split"]["removed"] == 0 and outs["local"][2]["test_split"]["kept_within_test"] > 0
+    assert set(outs["local"][4]["test"]) == {i for i, s in zip(ids, splits) if s == "test"}
+    leaks = [json.loads(line) for line in outs["local"][6].decode().splitlines()]
+    assert len(leaks) >= 25 and {r["removed"] for r in leaks} <= {"train", "validation"}  # never the test side
+
+
 def test_leakage_join_on_ray_equals_the_local_index(ray_cluster):
     from pipeline.data import minhash
     from pipeline.data.engine_ray import RayEngine

@@ -94,3 +94,51 @@ def test_leakage_from_source_split_is_removed(tmp_path):
     assert dd["test"]["id"] == ["clean1"]
     leaks = [json.loads(line) for line in (tmp_path / "leakage.jsonl").read_text().splitlines()]
     assert {(r["id"], r["train_id"]) for r in leaks} == {("leak1", "doc5"), ("leak2", "doc9")}
+
+
+def _benchmark_source():
+    """A source with its own train/validation/test split (texts of 12 words, 10 word 3-grams): test
+    t0 a copy of train doc5, t1 a near copy of doc9 (J = 10/11), validation v0 a near copy of test
+    t3 (J = 10/11), validation v1 a copy of train doc20."""
+    train = _docs(200, source_split="train")
+    unique = [" ".join(f"u{k}w{j}" for j in range(12)) for k in range(12)]
+    test = {"id": ["t0", "t1", "t2", "t3"], "label": ["a", "b", "a", "b"], "source_split": ["test"] * 4,
+            "text": [train["text"][5], train["text"][9] + " indeed", unique[0], unique[1]]}
+    val = {"id": [f"v{k}" for k in range(10)], "label": ["a", "b"] * 5, "source_split": ["validation"] * 10,
+           "text": [unique[1] + " again", train["text"][20], *unique[2:10]]}
+    return Dataset.from_dict({k: train[k] + val[k] + test[k] for k in train})
+
+
+def test_keep_test_whole_removes_the_train_and_validation_side_of_a_leak(tmp_path):
+    ctx = StageContext(tmp_path, similarity=DedupConfig(keep_test_whole=True))
+    result = split(_benchmark_source(), SplitConfig(), ctx)
+    dd = result.data
+    assert dd["test"]["id"] == ["t0", "t1", "t2", "t3"]
+    assert dd["validation"]["id"] == [f"v{k}" for k in range(2, 10)]
+    assert dd["train"]["id"] == [f"doc{k}" for k in range(200) if k not in (5, 9)]  # doc20 stays: v1 went
+    leaks = [json.loads(line) for line in (tmp_path / "leakage.jsonl").read_text().splitlines()]
+    assert leaks == [
+        {"split": "train", "id": "doc5", "test_id": "t0", "jaccard": 1.0, "removed": "train"},
+        {"split": "train", "id": "doc9", "test_id": "t1", "jaccard": round(10 / 11, 4), "removed": "train"},
+        {"split": "validation", "id": "v0", "test_id": "t3", "jaccard": round(10 / 11, 4), "removed": "validation"},
+        {"split": "validation", "id": "v1", "train_id": "doc20", "jaccard": 1.0, "removed": "validation"},
+    ]
+    assert result.dropped == {"leak_train": 2, "leak_validation": 2}
+    assert result.stats["leaks_found"] == {"train": 2, "validation": 2}
+
+
+def test_without_keep_test_whole_the_test_side_of_a_leak_is_removed(tmp_path):
+    result = split(_benchmark_source(), SplitConfig(), StageContext(tmp_path, similarity=DedupConfig()))
+    assert result.data["test"]["id"] == ["t2", "t3"] and "v0" in result.data["validation"]["id"]
+    leaks = [json.loads(line) for line in (tmp_path / "leakage.jsonl").read_text().splitlines()]
+    assert [(r["split"], r["id"], r["train_id"], r["removed"]) for r in leaks] == [
+        ("validation", "v1", "doc20", "validation"), ("test", "t0", "doc5", "test"), ("test", "t1", "doc9", "test")]
+    assert result.dropped == {"leak_validation": 1, "leak_test": 2}
+
+
+def test_keep_test_whole_with_leakage_report_removes_nothing(tmp_path):
+    ctx = StageContext(tmp_path, similarity=DedupConfig(keep_test_whole=True))
+    result = split(_benchmark_source(), SplitConfig(leakage="report"), ctx)
+    assert [result.data[s].num_rows for s in ("train", "validation", "test")] == [200, 10, 4]
+    leaks = [json.loads(line) for line in (tmp_path / "leakage.jsonl").read_text().splitlines()]
+    assert len(leaks) == 4 and {r["removed"] for r in leaks} == {None} and result.dropped == {}

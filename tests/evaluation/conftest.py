@@ -103,6 +103,14 @@ def write_checkpoint(run_dir: Path, name: str, model, step: int, macro_f1: float
     return ckpt
 
 
+def export_untrained(run_dir: Path, tokenizer, label_names: list[str]) -> None:
+    """final/ and model_config/ of a run, as training exports them (manifest included), from an
+    untrained 2-layer BERT: enough for evaluate to run and score."""
+    model = _model(len(tokenizer), list(label_names))
+    rundir.export_final(model, tokenizer, run_dir / "final")
+    model.config.save_pretrained(run_dir / "model_config")
+
+
 def build_world(root: Path, data_labels=LABELS, model_labels=LABELS) -> World:
     from pipeline.data.runner import PREPARED, data_config_fingerprint
 
@@ -118,9 +126,7 @@ def build_world(root: Path, data_labels=LABELS, model_labels=LABELS) -> World:
         "stage_dir": str(stage_dir), "fingerprint": "test", "config_fingerprint": data_config_fingerprint(cfg),
         "label_names": list(data_labels),
     })
-    model = _model(len(tokenizer), list(model_labels))
-    rundir.export_final(model, tokenizer, cfg.run_dir / "final")  # as training exports it, manifest included
-    model.config.save_pretrained(cfg.run_dir / "model_config")
+    export_untrained(cfg.run_dir, tokenizer, list(model_labels))
     write_checkpoint(cfg.run_dir, "step-4", _model(len(tokenizer), list(model_labels), seed=1), step=4, macro_f1=0.6, data_fp="test")
     write_checkpoint(cfg.run_dir, "step-8", _model(len(tokenizer), list(model_labels), seed=2), step=8, macro_f1=0.4, data_fp="other-data")
     return World(cfg, config_path, cfg.run_dir, stage_dir, list(data_labels), TEST_ROWS)
@@ -129,6 +135,12 @@ def build_world(root: Path, data_labels=LABELS, model_labels=LABELS) -> World:
 @pytest.fixture
 def world(tmp_path) -> World:
     return build_world(tmp_path)
+
+
+@pytest.fixture
+def untrained_model():
+    """export_untrained itself, for tests that prepare real data and evaluate on it."""
+    return export_untrained
 
 
 @pytest.fixture
