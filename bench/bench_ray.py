@@ -40,13 +40,15 @@ GIB = 2**30
 
 class TreeMemory:
     """Peaks of the driver's RSS, its descendants' summed RSS (and of those named ray::...) and the
-    whole tree's summed PSS, sampled in a thread while the `with` block runs."""
+    whole tree's summed PSS, sampled in a thread while the `with` block runs; and the CPU seconds
+    (user + system) each process of the tree has used, so that a stretch's CPU time is known."""
 
     def __init__(self):
         import psutil
 
         self.me, self.peak = psutil.Process(), dict.fromkeys(("driver_rss", "children_rss", "workers_rss", "tree_pss"), 0)
-        self._stop = threading.Event()
+        self.cpu: dict[int, float] = {}  # pid -> CPU seconds it had used at the last sample
+        self._lock, self._stop = threading.Lock(), threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self, k: int) -> None:
@@ -54,6 +56,13 @@ class TreeMemory:
 
         rss = {"driver_rss": self.me.memory_info().rss, "children_rss": 0, "workers_rss": 0}
         procs = self.me.children(recursive=True)
+        for p in [self.me, *procs]:
+            try:
+                t = p.cpu_times()
+                with self._lock:
+                    self.cpu[p.pid] = max(self.cpu.get(p.pid, 0.0), t.user + t.system)
+            except psutil.Error:
+                pass
         for p in procs:
             try:
                 m = p.memory_info().rss
@@ -71,6 +80,17 @@ class TreeMemory:
             rss["tree_pss"] = pss
         for key, v in rss.items():
             self.peak[key] = max(self.peak[key], v)
+
+    def cpu_mark(self) -> dict[int, float]:
+        self._sample(1)
+        with self._lock:
+            return dict(self.cpu)
+
+    def cpu_since(self, mark: dict[int, float]) -> float:
+        """CPU seconds the tree used since `mark` (a process gone between two samples loses < 0.1 s)."""
+        self._sample(1)
+        with self._lock:
+            return sum(v - mark.get(pid, 0.0) for pid, v in self.cpu.items())
 
     def _run(self) -> None:
         k = 0
@@ -156,7 +176,7 @@ def child(job: dict) -> dict:
             engine_ray.start_local(RayConfig(num_cpus=job["workers"]))
             startup = time.perf_counter() - t0
             engine = engine_ray.RayEngine.connect(RayConfig())
-        t0 = time.perf_counter()
+        mark, t0 = mem.cpu_mark(), time.perf_counter()
         if job["what"] == "dedup":
             from datasets import load_from_disk
 
@@ -166,9 +186,9 @@ def child(job: dict) -> dict:
         else:
             cfg = load_config(None, [f"output_dir={out}", f"prepare.engine={job['engine']}", *job["overrides"]])
             docs = runner.run(cfg, force=True, progress=False)[0]["rows_out"]
-        secs = time.perf_counter() - t0
+        secs, cpu = time.perf_counter() - t0, mem.cpu_since(mark)
     traffic = getattr(engine, "traffic", {}) if job["what"] == "dedup" else {}
-    return {"docs": docs, "seconds": secs, "startup_s": startup, **mem.peak, "traffic": traffic, **pairs}
+    return {"docs": docs, "seconds": secs, "cpu_s": cpu, "load": os.getloadavg()[0], "startup_s": startup, **mem.peak, "traffic": traffic, **pairs}
 
 
 def measure(job: dict) -> dict:
@@ -198,7 +218,8 @@ def run(args, tmp: Path) -> list[dict]:
             reference = reference if reference is not None else report
             assert report == reference, f"{name}: Ray's clusters.jsonl differs from the local engine's"
             rows.append({"what": "dedup", "corpus": name, "engine": engine, "workers": workers, **r})
-            print(f"  dedup {name} {engine} {workers}: {r['docs'] / r['seconds']:,.0f} docs/s", file=sys.stderr)
+            print(f"  dedup {name} {engine} {workers}: {r['docs'] / r['seconds']:,.0f} docs/s, {r['cpu_s']:.1f} CPU-s, "
+                  f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)
     for name, overrides in prepares.items():
         for engine, workers in ENGINES:
             job = {"what": "prepare", "engine": engine, "workers": workers, "out": str(tmp / f"prep-{len(rows)}"),
@@ -217,21 +238,23 @@ def _label(r: dict) -> str:
 
 
 def speed_table(rows: list[dict]) -> str:
+    """docs per wall-clock second, and per CPU-second of the whole process tree (driver + Ray)."""
     lines = ["| what | corpus | local | Ray, 1 worker | Ray, 2 workers |", "|---|---|---:|---:|---:|"]
     for what in ("dedup", "prepare"):
-        for name in dict.fromkeys(r["corpus"] for r in rows if r["what"] == what):
-            cells = [f"{r['docs'] / r['seconds']:,.0f}" for r in rows if r["what"] == what and r["corpus"] == name]
-            lines.append(f"| {what} docs/s | {name} | " + " | ".join(cells) + " |")
+        for per, unit in (("seconds", "docs/s"), ("cpu_s", "docs per CPU-s")):
+            for name in dict.fromkeys(r["corpus"] for r in rows if r["what"] == what):
+                cells = [f"{r['docs'] / r[per]:,.0f}" for r in rows if r["what"] == what and r["corpus"] == name]
+                lines.append(f"| {what} {unit} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def memory_table(rows: list[dict]) -> str:
     lines = ["| what | corpus | engine | driver peak RSS MiB | descendants' peak RSS MiB (ray:: workers) | "
-             "tree peak PSS MiB | Ray start s |", "|---|---|---|---:|---:|---:|---:|"]
+             "tree peak PSS MiB | Ray start s | load (1 min) |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['what']} | {r['corpus']} | {_label(r)} | {r['driver_rss'] / 2**20:,.0f} | "
                      f"{r['children_rss'] / 2**20:,.0f} ({r['workers_rss'] / 2**20:,.0f}) | "
-                     f"{r['tree_pss'] / 2**20:,.0f} | {r['startup_s']:.1f} |")
+                     f"{r['tree_pss'] / 2**20:,.0f} | {r['startup_s']:.1f} | {r['load']:.1f} |")
     return "\n".join(lines)
 
 
@@ -254,7 +277,7 @@ def fit_table(rows: list[dict], budget: float = 24 * GIB) -> str:
 
 def traffic_table(rows: list[dict]) -> str:
     lines = ["| corpus | workers | band-key triples B/doc | sketch B/doc received by verification | "
-             "if each verification task took every block's sketch B/doc | partitions | candidates/doc | s/doc |",
+             "if each verification task took every block's sketch B/doc | partitions | candidates/doc | CPU/doc |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         t = r["traffic"]
@@ -262,7 +285,7 @@ def traffic_table(rows: list[dict]) -> str:
             n = r["docs"]
             lines.append(f"| {r['corpus']} | {r['workers']} | {t['band_key_bytes'] / n:,.0f} | "
                          f"{t['verify_sketch_bytes'] / n:,.1f} | {t['all_blocks_sketch_bytes'] * t['parts'] / n:,.0f} | "
-                         f"{t['parts']} | {r['candidate_pairs'] / n:.3f} | {r['seconds'] / n * 1e6:,.1f} us |")
+                         f"{t['parts']} | {r['candidate_pairs'] / n:.3f} | {r['cpu_s'] / n * 1e6:,.1f} us |")
     return "\n".join(lines)
 
 
