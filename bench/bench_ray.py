@@ -259,19 +259,22 @@ def memory_table(rows: list[dict]) -> str:
 
 
 def fit_table(rows: list[dict], budget: float = 24 * GIB) -> str:
-    """Peak tree PSS = a + b * docs over the synthetic dedup sizes; the docs at which it reaches budget."""
+    """Peak tree PSS (and the driver's peak RSS) = a + b * docs, least squares over the synthetic dedup
+    sizes; the docs at which the tree's reaches `budget`."""
     import numpy as np
 
-    lines = ["| engine | a (MiB) | b (bytes per document) | largest dedup in 24 GiB (extrapolated) |",
+    lines = ["| engine | tree PSS: a MiB + b B/doc | driver RSS: a MiB + b B/doc | largest dedup in 24 GiB (extrapolated) |",
              "|---|---:|---:|---:|"]
     for engine, workers in ENGINES:
-        pts = [(r["docs"], r["tree_pss"]) for r in rows if r["what"] == "dedup" and r["corpus"].startswith("synthetic")
+        pts = [r for r in rows if r["what"] == "dedup" and r["corpus"].startswith("synthetic")
                and (r["engine"], r["workers"]) == (engine, workers)]
         if len(pts) < 2:
             continue
-        b, a = np.polyfit(*zip(*pts), 1)
-        lines.append(f"| {_label({'engine': engine, 'workers': workers})} | {a / 2**20:,.0f} | {b:,.0f} | "
-                     f"{(budget - a) / b / 1e6:,.1f} M |")
+        docs = [r["docs"] for r in pts]
+        b, a = np.polyfit(docs, [r["tree_pss"] for r in pts], 1)
+        bd, ad = np.polyfit(docs, [r["driver_rss"] for r in pts], 1)
+        lines.append(f"| {_label({'engine': engine, 'workers': workers})} | {a / 2**20:,.0f} + {b:,.0f} | "
+                     f"{ad / 2**20:,.0f} + {bd:,.0f} | {(budget - a) / b / 1e6:,.1f} M |")
     return "\n".join(lines)
 
 
@@ -294,11 +297,16 @@ def main() -> None:
     parser.add_argument("--sizes", default="100000,300000,1000000", help="synthetic dedup corpus sizes, comma-separated")
     parser.add_argument("--prepare-synthetic", type=int, default=100_000, help="documents of the synthetic prepare")
     parser.add_argument("--out", default="", help="also write every measurement as JSON here")
+    parser.add_argument("--tables-from", default="", help="print the tables of a JSON that --out wrote, measure nothing")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
+        return
+    if args.tables_from:
+        rows = json.loads(Path(args.tables_from).read_text(encoding="utf-8"))
+        print("\n\n".join(part(rows) for part in (speed_table, memory_table, fit_table, traffic_table)))
         return
     started, load = time.time(), os.getloadavg()
     rows = run(args, Path(tempfile.mkdtemp(prefix="bench_ray_")))
