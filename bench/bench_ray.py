@@ -46,7 +46,8 @@ class TreeMemory:
     def __init__(self):
         import psutil
 
-        self.me, self.peak = psutil.Process(), dict.fromkeys(("driver_rss", "children_rss", "workers_rss", "tree_pss"), 0)
+        self.me = psutil.Process()
+        self.peak = dict.fromkeys(("driver_rss", "children_rss", "workers_rss", "tree_pss"), 0)
         self.cpu: dict[int, float] = {}  # pid -> CPU seconds it had used at the last sample
         self._lock, self._stop = threading.Lock(), threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -188,7 +189,8 @@ def child(job: dict) -> dict:
             docs = runner.run(cfg, force=True, progress=False)[0]["rows_out"]
         secs, cpu = time.perf_counter() - t0, mem.cpu_since(mark)
     traffic = getattr(engine, "traffic", {}) if job["what"] == "dedup" else {}
-    return {"docs": docs, "seconds": secs, "cpu_s": cpu, "load": os.getloadavg()[0], "startup_s": startup, **mem.peak, "traffic": traffic, **pairs}
+    return {"docs": docs, "seconds": secs, "cpu_s": cpu, "load": os.getloadavg()[0], "startup_s": startup,
+            **mem.peak, "traffic": traffic, **pairs}
 
 
 def measure(job: dict) -> dict:
@@ -263,7 +265,8 @@ def fit_table(rows: list[dict], budget: float = 24 * GIB) -> str:
     sizes; the docs at which the tree's reaches `budget`."""
     import numpy as np
 
-    lines = ["| engine | tree PSS: a MiB + b B/doc | driver RSS: a MiB + b B/doc | largest dedup in 24 GiB (extrapolated) |",
+    lines = ["| engine | tree PSS: a MiB + b B/doc | driver RSS: a MiB + b B/doc "
+             "| largest dedup in 24 GiB (extrapolated) |",
              "|---|---:|---:|---:|"]
     for engine, workers in ENGINES:
         pts = [r for r in rows if r["what"] == "dedup" and r["corpus"].startswith("synthetic")
@@ -287,17 +290,20 @@ def traffic_table(rows: list[dict]) -> str:
         if t:
             n = r["docs"]
             lines.append(f"| {r['corpus']} | {r['workers']} | {t['band_key_bytes'] / n:,.0f} | "
-                         f"{t['verify_sketch_bytes'] / n:,.1f} | {t['all_blocks_sketch_bytes'] * t['parts'] / n:,.0f} | "
+                         f"{t['verify_sketch_bytes'] / n:,.1f} | "
+                         f"{t['all_blocks_sketch_bytes'] * t['parts'] / n:,.0f} | "
                          f"{t['parts']} | {r['candidate_pairs'] / n:.3f} | {r['cpu_s'] / n * 1e6:,.1f} us |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="100000,300000,1000000", help="synthetic dedup corpus sizes, comma-separated")
+    parser.add_argument("--sizes", default="100000,300000,1000000",
+                        help="synthetic dedup corpus sizes, comma-separated")
     parser.add_argument("--prepare-synthetic", type=int, default=100_000, help="documents of the synthetic prepare")
     parser.add_argument("--out", default="", help="also write every measurement as JSON here")
-    parser.add_argument("--tables-from", default="", help="print the tables of a JSON that --out wrote, measure nothing")
+    parser.add_argument("--tables-from", default="",
+                        help="print the tables of a JSON that --out wrote, measure nothing")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")

@@ -4,21 +4,36 @@ What moves and what stays (the engines differ in how they move data, never in wh
 - Row-wise work (clean, split's chunking, label, tokenize): the stage's per-batch function, the one
   the local engine hands to `datasets.map`, runs as Ray Data `map_batches` over the stage's rows cut
   into `ray.blocks` Arrow blocks (order preserved), cast back to the local engine's features.
-- Dedup's near-duplicate search, as a map-reduce over Ray tasks (minhash.py does the arithmetic):
+- Dedup's near-duplicate search, as a map-reduce over Ray tasks (minhash.py does the arithmetic,
+  ray_tasks.py holds the task bodies and the chain's shapes):
   1. per block: shingles and signatures (`minhash._sketch_chunk`), band keys (`minhash._band_keys`),
      hash-partitioned by band key (the shuffle's map side); the sketch stays in the object store;
   2. per partition: equal (band, key) groups -> candidate pairs, re-partitioned by pair;
-  3. per pair partition: distinct candidates verified with exact Jaccard (`minhash.ShingleSets`);
+  3. per pair partition: the rows its candidates name, cut out of each block's sketch where the
+     block lies (a second, small join), and the candidates verified with exact Jaccard
+     (`minhash.ShingleSets`) from those rows only: no task receives a whole block's sketch;
   4. connected components: the verified pairs on the driver with `minhash.union_find` when there are
      at most `ray.driver_edges` of them, else min-label propagation over the edge shards where they
      lie (every round: each shard lowers its nodes' labels to their neighbours', the shards' labels
      are min-reduced and pointer-jumped, until nothing changes; edges never come to the driver);
-  5. the kept row, the report and its similarities: dedup.py's order-free rule, as locally.
+  5. the kept row, the report and its similarities (tasks given the sketches of the reported
+     pairs' rows only): dedup.py's order-free rule, as locally.
   Both give each text the smallest index of its component, so the plan is the local one exactly.
 - The leakage check (split): the same shuffle over train + validation/test, keeping only the pairs
   across the two sides (a band-key join), verified; each query's best match chosen as locally.
-- Everything else (load, the split assignment, the tokenizer's training, the plan of which row to
-  keep, writing the stage folders) runs on the driver, as locally.
+
+What still runs on the driver (the process that runs prepare), and what it holds:
+- load: the source is read here (readers.py), its whole table in memory once;
+- every stage's output passes through here: a row-wise stage's input is cut into blocks that go
+  to the object store, the mapped blocks come back (zero-copy from the object store on the same
+  node) and the driver writes the stage folder; so the output must fit one machine's disk;
+- dedup: the texts and ids as Python lists (dedup.py's plan), each block's texts sent once to its
+  task, the labels (8 B per text) and, up to `ray.driver_edges`, the verified pairs (16 B each)
+  back; the plan of which row to keep and the report; split: the assignment by a hash of the id
+  and each query's best match; tokenize: training a tokenizer (on train).
+Measured (bench_ray.py, bench/RESULTS.md): during a Ray dedup of 100k-1 M short documents the
+driver's peak RSS grows by ~750 B per document (the local engine's one process: ~2.1 KiB, all of
+it); the whole process tree's PSS by ~2.1-2.2 KiB with either engine.
 
 A task whose worker dies is rerun by Ray up to `ray.max_retries` times; past that the stage fails
 with `StageFailed` (one line) and, since its folder is only renamed into place when complete,
@@ -186,7 +201,8 @@ class RayEngine:
         with warnings.catch_warnings():  # Ray 2.60 takes max_retries only this way (deprecated for 2.64;
             warnings.simplefilter("ignore")  # its default, -1, would retry a dying task forever)
             mapped = ray.data.from_arrow(blocks).map_batches(
-                tasks.apply_batch, fn_args=(fn, removed, features.arrow_schema), batch_format="pyarrow", batch_size=batch_size,
+                tasks.apply_batch, fn_args=(fn, removed, features.arrow_schema), batch_format="pyarrow",
+                batch_size=batch_size,
                 num_cpus=self.cfg.cpus_per_task, memory=self.cfg.memory_per_task_mb * 2**20 or None,
                 ray_remote_args_fn=functools.partial(dict, max_retries=self.cfg.max_retries))
         import pyarrow as pa
@@ -224,7 +240,8 @@ class RayEngine:
         wanted[c][k] (global, ascending; arrays or refs) of each block k: made where the block lies."""
         ray = _import_ray()
         take = ray.remote(tasks._take_rows).options(num_returns=len(wanted), **self._options())
-        per_block = [_as_list(take.remote(sk, int(starts[k]), *[w[k] for w in wanted])) for k, sk in enumerate(sketches)]
+        per_block = [_as_list(take.remote(sk, int(starts[k]), *[w[k] for w in wanted]))
+                     for k, sk in enumerate(sketches)]
         return [[per_block[k][c] for k in range(len(sketches))] for c in range(len(wanted))]
 
     def _count_traffic(self, sketches: list, band_key_bytes: int, fetched: int, parts: int) -> None:
