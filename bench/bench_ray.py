@@ -1,14 +1,19 @@
-"""The local engine against the Ray engine on 1 and 2 workers: docs/s of dedup and of the whole prepare.
+"""The local engine against the Ray engine on 1 and 2 workers: docs/s of dedup and of the whole
+prepare, peak memory of the driver and of the workers, at several corpus sizes.
 
-    python bench/bench_ray.py [--synthetic 1000000] [--prepare-synthetic 200000] [--out bench/ray.json]
+    nice -n 10 python bench/bench_ray.py [--sizes 100000,300000,1000000] [--prepare-synthetic 100000]
+                                         [--out bench/ray.json]
 
-Corpora: the embedded tweets (38k rows, the default config) and a synthetic corpus of short
-documents (12-24 words from a 5,000-word vocabulary; 10% near duplicates with one word changed, 5%
-exact copies in other case and spacing). Every Ray run checks that its clusters.jsonl equals the
-local engine's byte for byte. Ray's start-up is timed separately and not in docs/s. Peak memory:
-the driver's max RSS (getrusage) and the largest summed RSS of the Ray worker processes, sampled
-every 50 ms. Per-document costs (CPU-seconds in each dedup task, bytes shuffled) feed the on-paper
-estimate for 1 B documents in bench/RESULTS.md.
+Corpora: the embedded tweets (the default config's clean-stage output, 38k rows) and prefixes of one
+synthetic corpus of short documents (12-24 words from a 5,000-word vocabulary; 10% near duplicates
+with one word changed, 5% exact copies in other case and spacing). Each measurement is its own
+process (`--child`), so that its peak memory is its own: a sampler thread reads, every 0.1 s, the
+RSS of the driver and the summed RSS of its descendants (Ray's raylet, GCS and workers; the `ray::`
+workers also apart), and every 0.5 s the PSS of the whole process tree (shared pages, such as the
+object store's, counted once: the figure that must fit the machine). Ray's start-up is timed apart
+and is not in docs/s. Every Ray run's clusters.jsonl is checked equal, byte for byte, to the local
+engine's. From the synthetic sizes it fits peak PSS = a + b * docs per engine and extrapolates the
+largest corpus that fits 24 GiB; and it prints the bytes the Ray dedup's shuffle moved.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import json
 import os
 import platform
 import random
-import resource
+import subprocess
 import sys
 import tempfile
 import threading
@@ -29,30 +34,71 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.config import DedupConfig, RayConfig, load_config  # noqa: E402
-from pipeline.data import engine_ray, runner  # noqa: E402
-from pipeline.data.common import StageContext  # noqa: E402
-from pipeline.data.dedup import REPORT, dedup  # noqa: E402
+ENGINES = (("local", 0), ("ray", 1), ("ray", 2))
+GIB = 2**30
 
 
-class WorkerMemory:
-    """Peak summed RSS of the processes whose command line names a Ray worker (ray::...)."""
+class TreeMemory:
+    """Peaks of the driver's RSS, its descendants' summed RSS (and of those named ray::...) and the
+    whole tree's summed PSS, sampled in a thread while the `with` block runs; and the CPU seconds
+    (user + system) each process of the tree has used, so that a stretch's CPU time is known."""
 
     def __init__(self):
-        self.peak, self._stop = 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
         import psutil
 
+        self.me = psutil.Process()
+        self.peak = dict.fromkeys(("driver_rss", "children_rss", "workers_rss", "tree_pss"), 0)
+        self.cpu: dict[int, float] = {}  # pid -> CPU seconds it had used at the last sample
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self, k: int) -> None:
+        import psutil
+
+        rss = {"driver_rss": self.me.memory_info().rss, "children_rss": 0, "workers_rss": 0}
+        procs = self.me.children(recursive=True)
+        for p in [self.me, *procs]:
+            try:
+                t = p.cpu_times()
+                with self._lock:
+                    self.cpu[p.pid] = max(self.cpu.get(p.pid, 0.0), t.user + t.system)
+            except psutil.Error:
+                pass
+        for p in procs:
+            try:
+                m = p.memory_info().rss
+                rss["children_rss"] += m
+                rss["workers_rss"] += m if " ".join(p.cmdline()).startswith("ray::") else 0
+            except psutil.Error:
+                pass
+        if k % 5 == 0:
+            pss = 0
+            for p in [self.me, *procs]:
+                try:
+                    pss += p.memory_full_info().pss
+                except psutil.Error:
+                    pass
+            rss["tree_pss"] = pss
+        for key, v in rss.items():
+            self.peak[key] = max(self.peak[key], v)
+
+    def cpu_mark(self) -> dict[int, float]:
+        self._sample(1)
+        with self._lock:
+            return dict(self.cpu)
+
+    def cpu_since(self, mark: dict[int, float]) -> float:
+        """CPU seconds the tree used since `mark` (a process gone between two samples loses < 0.1 s)."""
+        self._sample(1)
+        with self._lock:
+            return sum(v - mark.get(pid, 0.0) for pid, v in self.cpu.items())
+
+    def _run(self) -> None:
+        k = 0
         while not self._stop.is_set():
-            total = 0
-            for p in psutil.process_iter(["cmdline", "memory_info"]):
-                cmd = " ".join(p.info["cmdline"] or [])
-                if cmd.startswith("ray::") and p.info["memory_info"] is not None:
-                    total += p.info["memory_info"].rss
-            self.peak = max(self.peak, total)
-            time.sleep(0.05)
+            self._sample(k)
+            k += 1
+            time.sleep(0.1)
 
     def __enter__(self):
         self._thread.start()
@@ -61,9 +107,11 @@ class WorkerMemory:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+        self._sample(0)
 
 
-def synthetic(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
+def synthetic(n: int, seed: int = 0) -> list[str]:
+    """n short texts; a prefix of synthetic(m) for m > n is synthetic(n) (each copy looks back only)."""
     rng = random.Random(seed)
     vocab = [f"w{k}" for k in range(5000)]
     texts = []
@@ -77,38 +125,27 @@ def synthetic(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
             texts.append("  " + texts[rng.randrange(k)].upper())
         else:
             texts.append(" ".join(rng.choices(vocab, k=rng.randint(12, 24))))
-    return texts, [f"s{k:08d}" for k in range(n)]
+    return texts
 
 
-def tweets() -> tuple[list[str], list[str]]:
+def save_corpus(texts: list[str], ids: list[str], path: Path) -> Path:
+    from datasets import Dataset
+
+    n = len(texts)
+    Dataset.from_dict({"id": ids, "text": texts, "label": [""] * n, "source_split": [""] * n}).save_to_disk(str(path))
+    return path
+
+
+def tweets(tmp: Path) -> Path:
     """The embedded corpus as the dedup stage sees it: the default config's clean stage output."""
-    out = Path(tempfile.mkdtemp(prefix="bench_ray_"))
-    cfg = load_config(None, [f"output_dir={out}"])
+    from pipeline.config import load_config
+    from pipeline.data import runner
+
+    cfg = load_config(None, [f"output_dir={tmp / 'tweets-prep'}", "prepare.engine=local"])
     runner.run(cfg, progress=False)
     clean_dir = next(p for p in (cfg.data_dir / "stages").iterdir() if p.name.startswith("1-clean"))
     ds = runner.load_stage(clean_dir, "clean")
-    return ds["text"][:], ds["id"][:]
-
-
-def _dataset(texts, ids):
-    from datasets import Dataset
-
-    return Dataset.from_dict({"id": ids, "text": texts, "label": [""] * len(texts), "source_split": [""] * len(texts)})
-
-
-def time_dedup(texts, ids, engine, out: Path) -> tuple[float, bytes, dict]:
-    out.mkdir(parents=True)
-    ds = _dataset(texts, ids)
-    t0 = time.perf_counter()
-    result = dedup(ds, DedupConfig(), StageContext(out_dir=out, engine=engine))
-    return time.perf_counter() - t0, (out / REPORT).read_bytes(), result.stats
-
-
-def time_prepare(overrides: list[str], engine: str, out: Path) -> tuple[float, int]:
-    cfg = load_config(None, [f"output_dir={out}", f"prepare.engine={engine}", *overrides])
-    t0 = time.perf_counter()
-    rows = runner.run(cfg, force=True, progress=False)
-    return time.perf_counter() - t0, rows[0]["rows_out"]
+    return save_corpus(ds["text"][:], ds["id"][:], tmp / "corpus-tweets")
 
 
 def write_csv(texts: list[str], path: Path) -> list[str]:
@@ -122,72 +159,171 @@ def write_csv(texts: list[str], path: Path) -> list[str]:
             "source.label_field=sentiment", "label.names=[neg, neutral, pos]"]
 
 
-def run(args) -> dict:
-    tmp = Path(tempfile.mkdtemp(prefix="bench_ray_"))
-    corpora = {"tweets (embedded)": tweets(), f"synthetic {args.synthetic:,}": synthetic(args.synthetic)}
-    big_csv = write_csv(synthetic(args.prepare_synthetic, seed=1)[0], tmp / "synthetic.csv")
-    prepares = {"tweets (embedded)": [], f"synthetic {args.prepare_synthetic:,}": big_csv}
-    results = {"dedup": {}, "prepare": {}, "memory": {}, "costs": {}}
-    reference = {}
-    for name, (texts, ids) in corpora.items():  # the local engine first: the reference bytes
-        secs, report, stats = time_dedup(texts, ids, None, tmp / f"local-{len(texts)}")
-        reference[name] = report
-        results["dedup"][(name, "local")] = len(texts) / secs
-        results["costs"][name] = {"docs": len(texts), "verified_pairs": stats["verified_pairs"],
-                                  "candidate_pairs": stats["candidate_pairs"], "bands": stats["lsh_bands"]}
+# ---------------------------------------------------------------- one measurement (a child process)
+
+
+def child(job: dict) -> dict:
+    """Time one dedup or one prepare with one engine; its memory peaks and (Ray) the shuffle's bytes."""
+    from pipeline.config import DedupConfig, RayConfig, load_config
+    from pipeline.data import engine_ray, runner
+    from pipeline.data.common import StageContext
+    from pipeline.data.dedup import dedup
+
+    out, engine, startup, pairs = Path(job["out"]), None, 0.0, {}
+    out.mkdir(parents=True)
+    with TreeMemory() as mem:
+        if job["workers"]:
+            t0 = time.perf_counter()
+            engine_ray.start_local(RayConfig(num_cpus=job["workers"]))
+            startup = time.perf_counter() - t0
+            engine = engine_ray.RayEngine.connect(RayConfig())
+        mark, t0 = mem.cpu_mark(), time.perf_counter()
+        if job["what"] == "dedup":
+            from datasets import load_from_disk
+
+            ds = load_from_disk(job["data"])
+            stats = dedup(ds, DedupConfig(), StageContext(out_dir=out, engine=engine)).stats
+            docs, pairs = ds.num_rows, {k: stats[k] for k in ("candidate_pairs", "verified_pairs")}
+        else:
+            cfg = load_config(None, [f"output_dir={out}", f"prepare.engine={job['engine']}", *job["overrides"]])
+            docs = runner.run(cfg, force=True, progress=False)[0]["rows_out"]
+        secs, cpu = time.perf_counter() - t0, mem.cpu_since(mark)
+    traffic = getattr(engine, "traffic", {}) if job["what"] == "dedup" else {}
+    return {"docs": docs, "seconds": secs, "cpu_s": cpu, "load": os.getloadavg()[0], "startup_s": startup,
+            **mem.peak, "traffic": traffic, **pairs}
+
+
+def measure(job: dict) -> dict:
+    cmd = ["nice", "-n", "10", sys.executable, __file__, "--child", json.dumps(job)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"{job['what']} {job['engine']} {job['workers']} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(args, tmp: Path) -> list[dict]:
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    texts = synthetic(max(sizes))
+    corpora = {"tweets (embedded)": tweets(tmp)}
+    for n in sizes:
+        corpora[f"synthetic {n:,}"] = save_corpus(texts[:n], [f"s{k:08d}" for k in range(n)], tmp / f"corpus-{n}")
+    del texts
+    csv_overrides = write_csv(synthetic(args.prepare_synthetic, seed=1), tmp / "synthetic.csv")
+    prepares = {"tweets (embedded)": [], f"synthetic {args.prepare_synthetic:,}": csv_overrides}
+    rows = []
+    for name, path in corpora.items():
+        reference = None
+        for engine, workers in ENGINES:
+            out = tmp / f"dedup-{len(rows)}"
+            r = measure({"what": "dedup", "data": str(path), "engine": engine, "workers": workers, "out": str(out)})
+            report = (out / "clusters.jsonl").read_bytes()
+            reference = reference if reference is not None else report
+            assert report == reference, f"{name}: Ray's clusters.jsonl differs from the local engine's"
+            rows.append({"what": "dedup", "corpus": name, "engine": engine, "workers": workers, **r})
+            print(f"  dedup {name} {engine} {workers}: {r['docs'] / r['seconds']:,.0f} docs/s, {r['cpu_s']:.1f} CPU-s, "
+                  f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)
     for name, overrides in prepares.items():
-        secs, rows = time_prepare(overrides, "local", tmp / f"prep-local-{len(name)}")
-        results["prepare"][(name, "local")] = rows / secs
-    results["memory"]["local driver max RSS MiB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    for workers in (1, 2):
-        t0 = time.perf_counter()
-        engine_ray.start_local(RayConfig(num_cpus=workers))
-        results["memory"][f"ray start-up s ({workers} worker)"] = time.perf_counter() - t0
-        engine = engine_ray.RayEngine.connect(RayConfig())
-        with WorkerMemory() as mem:
-            for name, (texts, ids) in corpora.items():
-                secs, report, _ = time_dedup(texts, ids, engine, tmp / f"ray{workers}-{len(texts)}")
-                assert report == reference[name], f"{name}: Ray's clusters.jsonl differs from the local engine's"
-                results["dedup"][(name, f"ray {workers}")] = len(texts) / secs
-            for name, overrides in prepares.items():
-                secs, rows = time_prepare(overrides, "ray", tmp / f"prep-ray{workers}-{len(name)}")
-                results["prepare"][(name, f"ray {workers}")] = rows / secs
-        results["memory"][f"ray {workers} workers peak summed RSS MiB"] = mem.peak / 2**20
-        import ray
-
-        ray.shutdown()
-    results["memory"]["driver max RSS MiB (whole run)"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return results
+        for engine, workers in ENGINES:
+            job = {"what": "prepare", "engine": engine, "workers": workers, "out": str(tmp / f"prep-{len(rows)}"),
+                   "overrides": [*overrides, f"ray.num_cpus={workers}"]}
+            rows.append({"what": "prepare", "corpus": name, "engine": engine, "workers": workers, **measure(job)})
+            print(f"  prepare {name} {engine} {workers}: {rows[-1]['docs'] / rows[-1]['seconds']:,.0f} docs/s",
+                  file=sys.stderr)
+    return rows
 
 
-def table(results: dict) -> str:
+# ---------------------------------------------------------------- tables
+
+
+def _label(r: dict) -> str:
+    return "local" if r["engine"] == "local" else f"Ray, {r['workers']} worker{'s' * (r['workers'] > 1)}"
+
+
+def speed_table(rows: list[dict]) -> str:
+    """docs per wall-clock second, and per CPU-second of the whole process tree (driver + Ray)."""
     lines = ["| what | corpus | local | Ray, 1 worker | Ray, 2 workers |", "|---|---|---:|---:|---:|"]
     for what in ("dedup", "prepare"):
-        names = dict.fromkeys(name for name, _ in results[what])
-        for name in names:
-            cells = [f"{results[what].get((name, e), float('nan')):,.0f}" for e in ("local", "ray 1", "ray 2")]
-            lines.append(f"| {what} docs/s | {name} | " + " | ".join(cells) + " |")
-    lines += ["", "| memory and start-up | value |", "|---|---:|"]
-    lines += [f"| {k} | {v:,.1f} |" for k, v in results["memory"].items()]
+        for per, unit in (("seconds", "docs/s"), ("cpu_s", "docs per CPU-s")):
+            for name in dict.fromkeys(r["corpus"] for r in rows if r["what"] == what):
+                cells = [f"{r['docs'] / r[per]:,.0f}" for r in rows if r["what"] == what and r["corpus"] == name]
+                lines.append(f"| {what} {unit} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def memory_table(rows: list[dict]) -> str:
+    lines = ["| what | corpus | engine | driver peak RSS MiB | descendants' peak RSS MiB (ray:: workers) | "
+             "tree peak PSS MiB | Ray start s | load (1 min) |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['what']} | {r['corpus']} | {_label(r)} | {r['driver_rss'] / 2**20:,.0f} | "
+                     f"{r['children_rss'] / 2**20:,.0f} ({r['workers_rss'] / 2**20:,.0f}) | "
+                     f"{r['tree_pss'] / 2**20:,.0f} | {r['startup_s']:.1f} | {r['load']:.1f} |")
+    return "\n".join(lines)
+
+
+def fit_table(rows: list[dict], budget: float = 24 * GIB) -> str:
+    """Peak tree PSS (and the driver's peak RSS) = a + b * docs, least squares over the synthetic dedup
+    sizes; the docs at which the tree's reaches `budget`."""
+    import numpy as np
+
+    lines = ["| engine | tree PSS: a MiB + b B/doc | driver RSS: a MiB + b B/doc "
+             "| largest dedup in 24 GiB (extrapolated) |",
+             "|---|---:|---:|---:|"]
+    for engine, workers in ENGINES:
+        pts = [r for r in rows if r["what"] == "dedup" and r["corpus"].startswith("synthetic")
+               and (r["engine"], r["workers"]) == (engine, workers)]
+        if len(pts) < 2:
+            continue
+        docs = [r["docs"] for r in pts]
+        b, a = np.polyfit(docs, [r["tree_pss"] for r in pts], 1)
+        bd, ad = np.polyfit(docs, [r["driver_rss"] for r in pts], 1)
+        lines.append(f"| {_label({'engine': engine, 'workers': workers})} | {a / 2**20:,.0f} + {b:,.0f} | "
+                     f"{ad / 2**20:,.0f} + {bd:,.0f} | {(budget - a) / b / 1e6:,.1f} M |")
+    return "\n".join(lines)
+
+
+def traffic_table(rows: list[dict]) -> str:
+    lines = ["| corpus | workers | band-key triples B/doc | sketch B/doc received by verification | "
+             "if each verification task took every block's sketch B/doc | partitions | candidates/doc | CPU/doc |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        t = r["traffic"]
+        if t:
+            n = r["docs"]
+            lines.append(f"| {r['corpus']} | {r['workers']} | {t['band_key_bytes'] / n:,.0f} | "
+                         f"{t['verify_sketch_bytes'] / n:,.1f} | "
+                         f"{t['all_blocks_sketch_bytes'] * t['parts'] / n:,.0f} | "
+                         f"{t['parts']} | {r['candidate_pairs'] / n:.3f} | {r['cpu_s'] / n * 1e6:,.1f} us |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--synthetic", type=int, default=1_000_000, help="documents of the synthetic dedup corpus")
-    parser.add_argument("--prepare-synthetic", type=int, default=200_000, help="documents of the synthetic prepare")
-    parser.add_argument("--out", default="", help="also write the results as JSON here")
+    parser.add_argument("--sizes", default="100000,300000,1000000",
+                        help="synthetic dedup corpus sizes, comma-separated")
+    parser.add_argument("--prepare-synthetic", type=int, default=100_000, help="documents of the synthetic prepare")
+    parser.add_argument("--out", default="", help="also write every measurement as JSON here")
+    parser.add_argument("--tables-from", default="",
+                        help="print the tables of a JSON that --out wrote, measure nothing")
+    parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    results = run(args)
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    if args.tables_from:
+        rows = json.loads(Path(args.tables_from).read_text(encoding="utf-8"))
+        print("\n\n".join(part(rows) for part in (speed_table, memory_table, fit_table, traffic_table)))
+        return
+    started, load = time.time(), os.getloadavg()
+    rows = run(args, Path(tempfile.mkdtemp(prefix="bench_ray_")))
     flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
     simd = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, flags {' '.join(simd)}")
-    print(table(results))
-    print(json.dumps(results["costs"], indent=1))
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, flags {' '.join(simd)}; "
+          f"load average {load} at the start, {os.getloadavg()} at the end; {time.time() - started:.0f} s")
+    for part in (speed_table, memory_table, fit_table, traffic_table):
+        print(part(rows), end="\n\n")
     if args.out:
-        Path(args.out).write_text(json.dumps({k: {str(kk): vv for kk, vv in v.items()} for k, v in results.items()},
-                                             indent=1), encoding="utf-8")
+        Path(args.out).write_text(json.dumps(rows, indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":

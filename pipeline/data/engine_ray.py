@@ -4,21 +4,36 @@ What moves and what stays (the engines differ in how they move data, never in wh
 - Row-wise work (clean, split's chunking, label, tokenize): the stage's per-batch function, the one
   the local engine hands to `datasets.map`, runs as Ray Data `map_batches` over the stage's rows cut
   into `ray.blocks` Arrow blocks (order preserved), cast back to the local engine's features.
-- Dedup's near-duplicate search, as a map-reduce over Ray tasks (minhash.py does the arithmetic):
+- Dedup's near-duplicate search, as a map-reduce over Ray tasks (minhash.py does the arithmetic,
+  ray_tasks.py holds the task bodies and the chain's shapes):
   1. per block: shingles and signatures (`minhash._sketch_chunk`), band keys (`minhash._band_keys`),
      hash-partitioned by band key (the shuffle's map side); the sketch stays in the object store;
   2. per partition: equal (band, key) groups -> candidate pairs, re-partitioned by pair;
-  3. per pair partition: distinct candidates verified with exact Jaccard (`minhash.ShingleSets`);
+  3. per pair partition: the rows its candidates name, cut out of each block's sketch where the
+     block lies (a second, small join), and the candidates verified with exact Jaccard
+     (`minhash.ShingleSets`) from those rows only: no task receives a whole block's sketch;
   4. connected components: the verified pairs on the driver with `minhash.union_find` when there are
      at most `ray.driver_edges` of them, else min-label propagation over the edge shards where they
      lie (every round: each shard lowers its nodes' labels to their neighbours', the shards' labels
      are min-reduced and pointer-jumped, until nothing changes; edges never come to the driver);
-  5. the kept row, the report and its similarities: dedup.py's order-free rule, as locally.
+  5. the kept row, the report and its similarities (tasks given the sketches of the reported
+     pairs' rows only): dedup.py's order-free rule, as locally.
   Both give each text the smallest index of its component, so the plan is the local one exactly.
 - The leakage check (split): the same shuffle over train + validation/test, keeping only the pairs
   across the two sides (a band-key join), verified; each query's best match chosen as locally.
-- Everything else (load, the split assignment, the tokenizer's training, the plan of which row to
-  keep, writing the stage folders) runs on the driver, as locally.
+
+What still runs on the driver (the process that runs prepare), and what it holds:
+- load: the source is read here (readers.py), its whole table in memory once;
+- every stage's output passes through here: a row-wise stage's input is cut into blocks that go
+  to the object store, the mapped blocks come back (zero-copy from the object store on the same
+  node) and the driver writes the stage folder; so the output must fit one machine's disk;
+- dedup: the texts and ids as Python lists (dedup.py's plan), each block's texts sent once to its
+  task, the labels (8 B per text) and, up to `ray.driver_edges`, the verified pairs (16 B each)
+  back; the plan of which row to keep and the report; split: the assignment by a hash of the id
+  and each query's best match; tokenize: training a tokenizer (on train).
+Measured (bench_ray.py, bench/RESULTS.md): during a Ray dedup of 100k-1 M short documents the
+driver's peak RSS grows by ~750 B per document (the local engine's one process: ~2.1 KiB, all of
+it); the whole process tree's PSS by ~2.1-2.2 KiB with either engine.
 
 A task whose worker dies is rerun by Ray up to `ray.max_retries` times; past that the stage fails
 with `StageFailed` (one line) and, since its folder is only renamed into place when complete,
@@ -41,7 +56,7 @@ import numpy as np
 from pipeline.config import RayConfig
 from pipeline.data import minhash
 from pipeline.data.engines import StageFailed
-from pipeline.data.shingling import U64, fmix64
+from pipeline.data import ray_tasks as tasks
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # what workers put on sys.path: this checkout's `pipeline`
 
@@ -186,7 +201,8 @@ class RayEngine:
         with warnings.catch_warnings():  # Ray 2.60 takes max_retries only this way (deprecated for 2.64;
             warnings.simplefilter("ignore")  # its default, -1, would retry a dying task forever)
             mapped = ray.data.from_arrow(blocks).map_batches(
-                _apply, fn_args=(fn, removed, features.arrow_schema), batch_format="pyarrow", batch_size=batch_size,
+                tasks.apply_batch, fn_args=(fn, removed, features.arrow_schema), batch_format="pyarrow",
+                batch_size=batch_size,
                 num_cpus=self.cfg.cpus_per_task, memory=self.cfg.memory_per_task_mb * 2**20 or None,
                 ray_remote_args_fn=functools.partial(dict, max_retries=self.cfg.max_retries))
         import pyarrow as pa
@@ -196,23 +212,46 @@ class RayEngine:
 
     # ------------------------------------------------------------ dedup
     def _verified_pairs(self, texts: list[str], cfg: Any, threshold: float, normalized: bool, split_at: int = 0):
-        """Verified similar pairs among `texts` through the shuffle: (edge refs, candidates, verified,
-        block starts, sketch refs, bands, rows). split_at > 0: only pairs i < split_at <= j (a join)."""
+        """Verified similar pairs among `texts` through the shuffle (ray_tasks' docstring): (edge refs,
+        candidates, verified, block starts, sketch refs, bands, rows). split_at > 0: only pairs
+        i < split_at <= j (a join)."""
         ray = _import_ray()
         b, r = minhash.lsh_params(threshold, cfg.num_perm, cfg.bands, cfg.rows, cfg.verify)
         n, nb = len(texts), self.blocks(len(texts))
         parts = nb  # shuffle partitions
         starts = np.linspace(0, n, nb + 1).astype(np.int64)
-        sketch = ray.remote(_sketch_block).options(num_returns=1 + parts, **self._options())
+        sketch = ray.remote(tasks._sketch_block).options(num_returns=1 + parts, **self._options())
         mapped = [sketch.remote(texts[s:e], int(s), cfg, b, r, parts, normalized) for s, e in zip(starts[:-1], starts[1:])]
         sketches = [m[0] for m in mapped]
-        group = ray.remote(_band_pairs).options(num_returns=parts, **self._options())
+        group = ray.remote(tasks._band_pairs).options(num_returns=parts, **self._options())
         grouped = [_as_list(group.remote(n, parts, split_at, *[m[1 + p] for m in mapped])) for p in range(parts)]
-        verify = ray.remote(_verify).options(num_returns=3, **self._options())
-        checked = [verify.remote(cfg, threshold, starts, nb, *sketches, *[g[q] for g in grouped]) for q in range(parts)]
+        plan = ray.remote(tasks._pairs_and_rows).options(num_returns=1 + nb, **self._options())
+        planned = [plan.remote(n, starts, *[g[q] for g in grouped]) for q in range(parts)]
+        subs = self._gather(sketches, starts, [p[1:] for p in planned])
+        verify = ray.remote(tasks._verify).options(num_returns=3, **self._options())
+        checked = [verify.remote(cfg, threshold, planned[q][0], *subs[q]) for q in range(parts)]
         counts = np.array(self._get([c[2] for c in checked], "MinHash (signatures, LSH, verification)"))
-        candidates, verified = (int(x) for x in counts.sum(axis=0))
+        candidates, verified, fetched = (int(x) for x in counts.sum(axis=0))
+        self._count_traffic(sketches, n * b * 24, fetched, parts)
         return [c[:2] for c in checked], candidates, verified, starts, sketches, b, r
+
+    def _gather(self, sketches: list, starts: np.ndarray, wanted: list) -> list[list]:
+        """Per consumer c, the refs of the sub-sketches (one per block, in block order) of the rows
+        wanted[c][k] (global, ascending; arrays or refs) of each block k: made where the block lies."""
+        ray = _import_ray()
+        take = ray.remote(tasks._take_rows).options(num_returns=len(wanted), **self._options())
+        per_block = [_as_list(take.remote(sk, int(starts[k]), *[w[k] for w in wanted]))
+                     for k, sk in enumerate(sketches)]
+        return [[per_block[k][c] for k in range(len(sketches))] for c in range(len(wanted))]
+
+    def _count_traffic(self, sketches: list, band_key_bytes: int, fetched: int, parts: int) -> None:
+        """What the last shuffle moved between tasks, in bytes (bench_ray.py reports it): the band-key
+        triples (band, key, row: 24 B each), the sub-sketches the verification tasks received, and the
+        blocks' whole sketches (what `parts` verification tasks would receive if each took them all)."""
+        size = _import_ray().remote(tasks.sketch_bytes).options(**self._options())
+        whole = sum(self._get([size.remote(sk) for sk in sketches], "MinHash (sketch sizes)"))
+        self.traffic = {"band_key_bytes": band_key_bytes, "verify_sketch_bytes": fetched,
+                        "all_blocks_sketch_bytes": whole, "parts": parts}
 
     def near_clusters(self, texts: list[str], cfg: Any) -> tuple[np.ndarray, Any, dict]:
         """dedup._near_clusters's three answers (labels, Jaccard of pairs, stats), from tasks on Ray."""
@@ -248,8 +287,8 @@ class RayEngine:
     def _components(self, n: int, edge_refs: list) -> np.ndarray:
         """(n,) the smallest index of each node's component, the edges staying in their shards."""
         ray = _import_ray()
-        lower = ray.remote(_lower_labels).options(**self._options())
-        merge = ray.remote(_merge_labels).options(num_returns=2, **self._options())
+        lower = ray.remote(tasks._lower_labels).options(**self._options())
+        merge = ray.remote(tasks._merge_labels).options(num_returns=2, **self._options())
         labels = ray.put(np.arange(n, dtype=np.int64))
         while True:
             proposals = [lower.remote(labels, e) for e in edge_refs]
@@ -258,13 +297,14 @@ class RayEngine:
                 return self._get(labels, "dedup (connected components)")
 
     def _jaccard(self, starts: np.ndarray, sketches: list, pairs: np.ndarray) -> np.ndarray:
-        """(K,) exact Jaccard of pairs (K, 2) of texts, computed where their sketches lie."""
+        """(K,) exact Jaccard of pairs (K, 2) of texts, from the sketches of only their rows."""
         ray = _import_ray()
         if not len(pairs):
             return np.zeros(0)
-        task = ray.remote(_pair_jaccard).options(**self._options())
         chunks = np.array_split(pairs, min(len(pairs), len(sketches)))
-        refs = [task.remote(starts, len(sketches), *sketches, c) for c in chunks]
+        subs = self._gather(sketches, starts, [tasks.rows_by_block(c, starts) for c in chunks])
+        task = ray.remote(tasks._pair_jaccard).options(**self._options())
+        refs = [task.remote(c, *sub) for c, sub in zip(chunks, subs)]
         return np.concatenate(self._get(refs, "dedup (report similarities)"))
 
 
@@ -272,107 +312,3 @@ def _as_list(refs: Any) -> list:
     return refs if isinstance(refs, list) else [refs]
 
 
-# ---------------------------------------------------------------- task bodies (run on workers)
-
-
-def _apply(table: Any, fn: Any, removed: list, schema: Any) -> Any:
-    """One batch as `datasets.map(batched=True)` makes it: fn's columns replace or follow the others."""
-    import pyarrow as pa
-
-    batch = table.to_pydict()
-    out = {k: v for k, v in batch.items() if k not in removed}
-    out.update(fn(batch))
-    return pa.table({name: out[name] for name in schema.names}).cast(schema)
-
-
-def _partition_of(keys: np.ndarray, parts: int) -> np.ndarray:
-    return (fmix64(keys.astype(U64)) % U64(parts)).astype(np.int64)
-
-
-def _sketch_block(texts: list[str], start: int, cfg: Any, bands: int, rows: int, parts: int, normalized: bool) -> list:
-    """[the block's Sketch, then per partition an (M, 3) uint64 array of (band, key, text index)]."""
-    sk = minhash._sketch_chunk(texts, cfg.shingle, cfg.ngram, cfg.num_perm, cfg.seed, normalized)
-    keys = minhash._band_keys(sk.sig, bands, rows)  # (bands, m)
-    band = np.repeat(np.arange(bands, dtype=U64), len(texts))
-    row = np.tile(np.arange(start, start + len(texts), dtype=U64), bands)
-    triples = np.stack([band, keys.ravel(), row], axis=1)
-    where = _partition_of(triples[:, 1] ^ triples[:, 0], parts)
-    return [sk, *[triples[where == p] for p in range(parts)]]
-
-
-def _band_pairs(n: int, parts: int, split_at: int, *triples: np.ndarray) -> Any:
-    """Candidate pairs i < j of one band-key partition (texts equal on a whole band), as pair codes
-    i * n + j split by a hash of the code into `parts` (a pair found in several bands meets itself);
-    with split_at > 0 only the pairs across it (i < split_at <= j)."""
-    t = np.concatenate(triples) if triples else np.zeros((0, 3), dtype=U64)
-    t = t[np.lexsort((t[:, 2], t[:, 1], t[:, 0]))]  # by band, key, then text index
-    head = np.ones(len(t), dtype=bool)
-    head[1:] = (t[1:, 0] != t[:-1, 0]) | (t[1:, 1] != t[:-1, 1])
-    starts = np.flatnonzero(head)
-    sizes = np.diff(np.append(starts, len(t)))
-    members = t[:, 2].astype(np.int64)[np.repeat(sizes > 1, sizes)]
-    pairs = minhash._pairs_within_groups(members, sizes[sizes > 1]) if (sizes > 1).any() else np.zeros((0, 2), np.int64)
-    if split_at:
-        pairs = pairs[(pairs[:, 0] < split_at) & (pairs[:, 1] >= split_at)]
-    codes = np.unique(pairs[:, 0] * n + pairs[:, 1])
-    where = _partition_of(codes, parts)
-    out = [codes[where == p] for p in range(parts)]
-    return out if parts > 1 else out[0]
-
-
-def _sketch_of(rows: np.ndarray, starts: np.ndarray, blocks: tuple) -> minhash.Sketch:
-    """The sketch of some texts (rows ascending, global indices), gathered from the blocks holding them."""
-    sig, hashes, counts = [], [], []
-    block_of = np.searchsorted(starts, rows, side="right") - 1
-    for k in np.unique(block_of).tolist():
-        sk, local = blocks[k], rows[block_of == k] - starts[k]
-        lengths = sk.offsets[local + 1] - sk.offsets[local]
-        sig.append(sk.sig[local])
-        hashes.append(sk.hashes[minhash._ranges(sk.offsets[local], lengths)])
-        counts.append(lengths)
-    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(np.concatenate(counts), out=offsets[1:])
-    return minhash.Sketch(np.concatenate(sig), np.concatenate(hashes), offsets)
-
-
-def _jaccard_of(pairs: np.ndarray, starts: np.ndarray, blocks: tuple, verify: bool = True) -> np.ndarray:
-    rows = np.unique(pairs)
-    sk = _sketch_of(rows, starts, blocks)
-    local = np.searchsorted(rows, pairs)
-    if not verify:
-        return minhash.estimated_jaccard(sk.sig, local)
-    return minhash.ShingleSets(sk, local).jaccard(local)
-
-
-def _verify(cfg: Any, threshold: float, starts: np.ndarray, nb: int, *args: Any) -> tuple:
-    """(verified pairs (K, 2), their Jaccard (K,), [candidates, verified]) of one pair partition,
-    kept as near_duplicate_pairs keeps them: Jaccard >= threshold (exact when cfg.verify)."""
-    blocks, codes = args[:nb], np.unique(np.concatenate(args[nb:]))
-    n = int(starts[-1])
-    pairs = np.stack([codes // n, codes % n], axis=1) if len(codes) else np.zeros((0, 2), dtype=np.int64)
-    sim = _jaccard_of(pairs, starts, blocks, cfg.verify) if len(pairs) else np.zeros(0)
-    ok = sim >= threshold - 1e-12
-    return pairs[ok], sim[ok], [len(pairs), int(ok.sum())]
-
-
-def _pair_jaccard(starts: np.ndarray, nb: int, *args: Any) -> np.ndarray:
-    return _jaccard_of(np.sort(args[nb], axis=1), starts, args[:nb])
-
-
-def _lower_labels(labels: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """(n,) each node's label lowered to the smallest label among its neighbours in this shard."""
-    out = labels.copy()
-    i, j = edges[:, 0], edges[:, 1]
-    np.minimum.at(out, i, labels[j])
-    np.minimum.at(out, j, labels[i])
-    return out
-
-
-def _merge_labels(labels: np.ndarray, *proposals: np.ndarray) -> tuple:
-    """The shards' labels min-reduced, then pointer-jumped (a label always names a smaller node of
-    the same component); and whether anything changed (at the fixed point each component carries
-    its smallest index, as minhash.union_find gives)."""
-    new = np.minimum.reduce([labels, *proposals]) if proposals else labels.copy()
-    while not np.array_equal(new[new], new):
-        new = new[new]
-    return new, not np.array_equal(new, labels)

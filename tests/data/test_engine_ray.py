@@ -4,6 +4,7 @@ a worker killed mid-dedup is rerun (or the stage fails in one line); a bad addre
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import signal
@@ -128,6 +129,10 @@ def test_dedup_on_ray_equals_local_at_any_blocks_and_row_order(tmp_path, ray_clu
     engine = RayEngine.connect(RayConfig(blocks=blocks, driver_edges=driver_edges))
     ray, ray_report = _dedup(_dataset([texts[i] for i in order], [ids[i] for i in order]), tmp_path / "ray", engine)
     assert ray_report == local_report  # clusters.jsonl byte for byte
+    moved = engine.traffic  # the verification tasks got the sketches of their pairs' rows, not every block's
+    sketched = len(texts) - 21  # the 20 case-and-spacing copies and the copy of a chain's middle are exact
+    assert moved["parts"] == blocks and moved["band_key_bytes"] == 24 * local.stats["lsh_bands"] * sketched
+    assert 0 < moved["verify_sketch_bytes"] < moved["all_blocks_sketch_bytes"] / 2
     assert ray.dropped == local.dropped == {"exact_duplicate": 20, "near_duplicate": 61}
     assert stable(ray.stats, VOLATILE) == stable(local.stats, VOLATILE)
     kept = local.data["id"][:]
@@ -279,3 +284,35 @@ def test_auto_follows_ray_address_and_fails_fast_when_nothing_answers(monkeypatc
         check_address("auto", 1.0)
     with pytest.raises(ValueError, match=r"^ray.address='nonsense' is not auto, host:port or ray://host:port$"):
         check_address("nonsense", 1.0)
+
+
+# ---------------------------------------------------------------- verification fetches only its rows
+
+
+def test_the_sub_sketches_of_a_pair_partition_are_the_sketch_of_exactly_its_rows():
+    """What a verification task is given (the rows of its pairs, cut out where each block lies) is the
+    sketch those texts alone would have, so its Jaccard is the one from the whole corpus's sketch."""
+    import numpy as np
+
+    from pipeline.data import minhash, ray_tasks
+
+    texts, _ = _corpus()
+    sketch = functools.partial(minhash._sketch_chunk, unit=CFG.shingle, n=CFG.ngram, num_perm=CFG.num_perm,
+                               seed=CFG.seed, normalized=False)
+    starts = np.array([0, 100, 350, len(texts)])
+    blocks = [sketch(texts[s:e]) for s, e in zip(starts[:-1], starts[1:])]
+    rng = np.random.default_rng(3)
+    pairs = np.sort(rng.choice(len(texts), size=(40, 2), replace=False), axis=1)
+    wanted = ray_tasks.rows_by_block(pairs, starts)
+    assert sum(len(w) for w in wanted) == len(np.unique(pairs)) and all((np.diff(w) > 0).all() for w in wanted)
+    subs = [ray_tasks._take_rows(blocks[k], int(starts[k]), wanted[k]) for k in range(3)]
+    alone = sketch([texts[i] for i in np.unique(pairs)])
+    got = ray_tasks._concat(tuple(subs))
+    for field in ("sig", "hashes", "offsets"):
+        assert np.array_equal(getattr(got, field), getattr(alone, field)), field
+    whole = sketch(texts)
+    expected = minhash.ShingleSets(whole, pairs).jaccard(pairs)
+    assert np.array_equal(ray_tasks._jaccard_of(pairs, tuple(subs)), expected)
+    found, sim, counts = ray_tasks._verify(CFG, 0.0, pairs, *subs)
+    assert np.array_equal(found, pairs) and np.array_equal(sim, expected) and counts[:2] == [40, 40]
+    assert counts[2] == sum(ray_tasks.sketch_bytes(s) for s in subs) < ray_tasks.sketch_bytes(whole) / 5
