@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -55,7 +54,7 @@ def train(cfg: Config, config_path: str = "<config>", resume: str | None = None,
     except RuntimeError as e:
         if not (cfg.train.detect_anomaly and "returned nan" in str(e).lower()):
             raise
-        print(f"anomaly detection (train.detect_anomaly) at step {st.step + 1}: {e}", file=sys.stderr, flush=True)
+        checkpoint.warn(f"anomaly detection (train.detect_anomaly) at step {st.step + 1}: {e}")  # every rank's own
         code = signals.EXIT_NONFINITE
     finally:
         s.acc.end_training()  # flushes TensorBoard; a stop's second SIGTERM is ignored until restore
