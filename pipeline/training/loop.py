@@ -66,18 +66,19 @@ def _run(s: Setup, st: TrainState, stop: signals.StopFlag) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    acc, per_epoch = s.acc, s.steps_per_epoch * s.cfg.train.grad_accum  # micro-batches per rank per epoch
+    t, acc = s.cfg.train, s.acc
+    per_epoch = s.steps_per_epoch * t.grad_accum  # micro-batches per rank per epoch
     bar = tqdm(total=s.total_steps, initial=st.step, disable=not acc.is_main_process, desc="train", mininterval=1)
     win, loss_acc, code = Window(), torch.zeros((), device=acc.device), None
     # raises in the backward of the first operation whose gradient is NaN, naming it (RuntimeError in train)
-    anomaly_mode = torch.autograd.detect_anomaly(check_nan=True) if s.cfg.train.detect_anomaly else contextlib.nullcontext()
+    anomaly_mode = torch.autograd.detect_anomaly(check_nan=True) if t.detect_anomaly else contextlib.nullcontext()
     s.model.train()
     while code is None and st.step < s.total_steps:
         for batch in _epoch_batches(s, st):
             with acc.accumulate(s.model), anomaly_mode:
                 loss = s.model(**batch).loss  # mean over this micro-batch
                 acc.backward(loss)
-            loss_acc += loss.detach() / s.cfg.train.grad_accum
+            loss_acc += loss.detach() / t.grad_accum
             win.count(batch)
             st.batch_in_epoch += 1
             if not acc.sync_gradients:

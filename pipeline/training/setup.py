@@ -125,6 +125,7 @@ def _load_data(cfg: Config, config_path: str):
 def prepare_run(cfg: Config, config_path: str, resume: str | None,
                 restart: bool = False) -> tuple[Setup, TrainState] | None:
     """Check, build and (when resuming) restore. None: resumed after the last step, nothing to do."""
+    import accelerate.utils  # noqa: F401 - like torch, imported before the train.max_minutes clock starts
     import torch
 
     started = time.perf_counter()  # train.max_minutes counts from here
@@ -138,7 +139,7 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None,
     fps = _fingerprints(cfg, prep.fingerprint, mp)
     ckpt = None if restart else _resolve_resume(acc, cfg.run_dir, resume, config_path)
     saved = _read_saved(ckpt, fps, acc.num_processes)
-    total = saved.total_steps if saved and cfg.train.max_minutes else cfg.train.max_steps or cfg.train.epochs * spe
+    total = saved.total_steps if saved and cfg.train.max_minutes else (cfg.train.max_steps or cfg.train.epochs * spe)
     s = _build(cfg, config_path, prep, tok, acc, mp, total, spe, saved)
     if cfg.train.max_minutes:  # the budget's step count is fixed at the first launch, kept on resume
         s.budget = budget.fix_total_steps(s, started) if saved is None else budget.kept(s, ckpt)
@@ -154,8 +155,9 @@ def _accelerator(cfg: Config, mp: str):
 
     from pipeline.accel import make_accelerator
 
-    timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.train.collective_timeout_s))  # gloo's default: 30 min
-    return make_accelerator(mixed_precision=mp, gradient_accumulation_steps=cfg.train.grad_accum, log_with="tensorboard",
+    t = cfg.train
+    timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=t.collective_timeout_s))  # gloo's default: 30 min
+    return make_accelerator(mixed_precision=mp, gradient_accumulation_steps=t.grad_accum, log_with="tensorboard",
                             project_dir=str(cfg.run_dir), kwargs_handlers=[timeout])
 
 

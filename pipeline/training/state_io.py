@@ -103,10 +103,12 @@ class TrainState:
 
 
 def check_format(state, where: str) -> None:
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        was = state.get("format", "safetensors + JSON") if isinstance(state, dict) else type(state).__name__
-        raise ValueError(f"{where} is in an older checkpoint format ({was}, before save_state); resume it with "
-                         f"the version that wrote it, or start over with --restart")
+    """A state.json of the layout checkpoint.py writes; an older one (before save_state) is named as such."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{where}: the state must be an object, got {type(state).__name__}")
+    if state.get("format") != FORMAT:
+        raise ValueError(f"{where} is in an older checkpoint format ({state.get('format', 'safetensors + JSON')}, "
+                         f"before save_state); resume it with the version that wrote it, or start over with --restart")
 
 
 def _plain(obj):

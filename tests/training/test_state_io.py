@@ -147,9 +147,14 @@ def _broken(edit) -> dict:
     (lambda o: o.update(best=None), r"state.json: key 'best' must be an object, got None$"),
     (lambda o: o.update(metrics=[]), r"key 'metrics' must be an object, got \[\]$"),
     (lambda o: o.update(epochs=1), r"state.json: unknown key 'epochs'$"),
-    (lambda o: o.pop("format"), r"state.json is in an older checkpoint format \(safetensors \+ JSON, before save_state\)"),
+    (lambda o: o.pop("format"), r"state.json is in an older checkpoint format \(safetensors \+ JSON, before save_st"),
 ])
 def test_a_missing_or_mistyped_key_is_one_line_naming_file_and_key(edit, message):
     with pytest.raises(ValueError, match=message) as e:
         state_io.TrainState.from_json(_broken(edit), "run/checkpoints/step-0000012/state.json")
     assert "\n" not in str(e.value) and str(e.value).startswith("run/checkpoints/step-0000012/state.json")
+
+
+def test_a_state_json_that_is_not_an_object_is_named():
+    with pytest.raises(ValueError, match=r"^x/state.json: the state must be an object, got list$"):
+        state_io.TrainState.from_json([1, 2], "x/state.json")
