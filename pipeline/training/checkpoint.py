@@ -12,7 +12,8 @@ Layout of `<run>/checkpoints/<name>/` (this module is its one owner; evaluation 
   written here:
     scheduler.json           LambdaLR state (the scheduler is ours, stepped once per optimizer step)
     rng_state_<rank>.json    python/numpy/torch generator states of every process, restored last
-    state.json               training position (step, epoch, batch in epoch), best metric, eval metrics
+    state.json               state_io.TrainState: position (step, epoch, batch in epoch), total steps,
+                             eval metrics, best metric, NaN counts, processes, fingerprints
     manifest.json            every file of every rank, sizes and sha256; written last: marks completeness
 A process killed at any point leaves either a complete checkpoint or a hidden `.<name>.tmp` folder
 that nothing ever reads and the next save or rotation removes. accelerate's own rotation
@@ -27,8 +28,6 @@ import shutil
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
-
 from pipeline import artifacts
 from pipeline.artifacts import MANIFEST, file_sha256, read_json, write_json_atomic
 from pipeline.training import state_io
@@ -38,7 +37,7 @@ WEIGHTS = "model.safetensors"  # accelerate's SAFE_WEIGHTS_NAME for model 0
 SCHEDULER = "scheduler.json"
 FSDP_SHARDED = "pytorch_model_fsdp_0"  # accelerate's DCP folder of model 0 under FSDP SHARDED_STATE_DICT
 FSDP_FULL = "pytorch_model_fsdp.bin"  # ... and its file under FULL_STATE_DICT
-FORMAT = "accelerate-save_state/1"  # state.json's "format": the layout above
+FORMAT = state_io.FORMAT  # state.json's "format": the layout above
 
 
 def rng_file(rank: int) -> str:
@@ -112,9 +111,7 @@ def load_checkpoint(acc, path: Path, model, optimizer, scheduler) -> dict:
     """Check that no file can run code, load_state, then the scheduler and this process's RNG (last,
     strictly: accelerate only logs a failed RNG restore); return state.json."""
     state = read_json(path / STATE)
-    if state.get("format") != FORMAT:
-        raise ValueError(f"{path} is in an older checkpoint format ({state.get('format', 'safetensors + JSON')}, "
-                         f"before save_state); resume it with the version that wrote it, or start over with --restart")
+    state_io.check_format(state, str(path))
     state_io.check_no_code(path)  # before accelerate or torch reads a byte of it
     rng = _rng_source(acc, path, state)
     try:
@@ -300,7 +297,3 @@ def model_config_dir(checkpoint: Path) -> Path:
 
 def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
-def describe_state(state: dict[str, Any]) -> str:
-    return f"step {state['step']} (epoch {state['epoch']}, batch {state['batch_in_epoch']} of that epoch)"

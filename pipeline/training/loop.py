@@ -1,23 +1,22 @@
-"""The training loop: setup, one optimizer step at a time, and the policies it calls after each step.
+"""The training loop: one optimizer step at a time, and the policies it calls after each step.
 
-The position (step, epoch, micro-batch within the epoch) is the only thing that says where the run
-is; the data order of an epoch is a pure function of the seed and the epoch (batching.epoch_order),
-so resuming rebuilds it and starts at the saved micro-batch directly.
+What is built once comes from setup (Setup); what changes is a state_io.TrainState, exactly what a
+checkpoint's state.json holds. Its position (step, epoch, micro-batch within the epoch) is the only
+thing that says where the run is; the data order of an epoch is a pure function of the seed and the
+epoch (batching.epoch_order), so resuming rebuilds it and starts at the saved micro-batch directly.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import asdict, dataclass, field
 
 from pipeline.config import Config
 from pipeline.training import batching, checkpoint, rundir, signals
 from pipeline.training.setup import Setup, prepare_run
+from pipeline.training.state_io import TrainState
 
 
 @dataclass
@@ -29,25 +28,33 @@ class Window:
     tokens: int = 0  # real (non-pad) tokens
     slots: int = 0  # tokens including padding
     samples: int = 0
+    lr: float = 0.0  # of the window's last step
+    grad_norm: float = 0.0  # of the window's last step
     start: float = field(default_factory=time.perf_counter)
     paused: float = 0.0  # seconds spent evaluating and saving: not training throughput
 
     def training_seconds(self) -> float:
         return max(time.perf_counter() - self.start - self.paused, 1e-9)
 
+    def count(self, batch: dict) -> None:
+        self.tokens += int(batch["attention_mask"].sum())
+        self.slots += batch["attention_mask"].numel()
+        self.samples += len(batch["labels"])
+
 
 def train(cfg: Config, config_path: str = "<config>", resume: str | None = None, restart: bool = False) -> int:
     """Train (or resume) as the config says; returns the process exit code (see signals.EXIT_CODES)."""
-    s = prepare_run(cfg, config_path, resume, restart)
-    if s is None:
+    run = prepare_run(cfg, config_path, resume, restart)
+    if run is None:
         return signals.EXIT_OK
+    s, st = run
     stop = signals.StopFlag()
     try:
-        code = _run(s, stop)
+        code = _run(s, st, stop)
     except RuntimeError as e:
         if not (cfg.train.detect_anomaly and "returned nan" in str(e).lower()):
             raise
-        print(f"anomaly detection (train.detect_anomaly) at step {s.pos.step + 1}: {e}", file=sys.stderr, flush=True)
+        checkpoint.warn(f"anomaly detection (train.detect_anomaly) at step {st.step + 1}: {e}")  # every rank's own
         code = signals.EXIT_NONFINITE
     finally:
         s.acc.end_training()  # flushes TensorBoard; a stop's second SIGTERM is ignored until restore
@@ -55,87 +62,86 @@ def train(cfg: Config, config_path: str = "<config>", resume: str | None = None,
     return code
 
 
-def _run(s: Setup, stop: signals.StopFlag) -> int:
+def _run(s: Setup, st: TrainState, stop: signals.StopFlag) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    t, acc, pos = s.cfg.train, s.acc, s.pos
+    t, acc = s.cfg.train, s.acc
     per_epoch = s.steps_per_epoch * t.grad_accum  # micro-batches per rank per epoch
-    bar = tqdm(total=s.total_steps, initial=pos.step, disable=not acc.is_main_process, desc="train", mininterval=1)
-    win, loss_acc = Window(), torch.zeros((), device=acc.device)
-    # raises in the backward of the first operation whose gradient is NaN, naming it (RuntimeError below)
+    bar = tqdm(total=s.total_steps, initial=st.step, disable=not acc.is_main_process, desc="train", mininterval=1)
+    win, loss_acc, code = Window(), torch.zeros((), device=acc.device), None
+    # raises in the backward of the first operation whose gradient is NaN, naming it (RuntimeError in train)
     anomaly_mode = torch.autograd.detect_anomaly(check_nan=True) if t.detect_anomaly else contextlib.nullcontext()
     s.model.train()
-    while pos.step < s.total_steps:
-        order = batching.epoch_order(s.lengths, t.seed, pos.epoch, t.batch_size * acc.num_processes, t.group_by_length)
-        sampler = batching.RankBatches(order, acc.process_index, t.batch_size, pos.batch_in_epoch, per_epoch)
-        gpu = acc.device.type == "cuda"
-        for batch in batching.make_loader(s.train_ds, sampler, s.collate, t.num_workers, pin_memory=gpu):
-            batch = {k: v.to(acc.device, non_blocking=gpu) for k, v in batch.items()}  # pinned: async copy
+    while code is None and st.step < s.total_steps:
+        for batch in _epoch_batches(s, st):
             with acc.accumulate(s.model), anomaly_mode:
                 loss = s.model(**batch).loss  # mean over this micro-batch
                 acc.backward(loss)
             loss_acc += loss.detach() / t.grad_accum
-            win.tokens += int(batch["attention_mask"].sum())
-            win.slots += batch["attention_mask"].numel()
-            win.samples += len(batch["labels"])
-            pos.batch_in_epoch += 1
+            win.count(batch)
+            st.batch_in_epoch += 1
             if not acc.sync_gradients:
                 continue
-            code = _optimizer_step(s, loss_acc, win, stop)
+            stopping, code = _optimizer_step(s, st, loss_acc, win, stop)
             loss_acc = torch.zeros((), device=acc.device)
-            epoch_end = pos.batch_in_epoch == per_epoch
+            epoch_end = st.batch_in_epoch == per_epoch
             if epoch_end:
-                pos.epoch, pos.batch_in_epoch = pos.epoch + 1, 0
+                st.epoch, st.batch_in_epoch = st.epoch + 1, 0
             bar.update(1)
-            code = code or _after_step(s, win, epoch_end, stop)
-            if code is not None:
-                bar.close()
-                return code
-            if pos.step >= s.total_steps:
+            code = code or _after_step(s, st, win, epoch_end, stop, stopping)
+            if code is not None or st.step >= s.total_steps:
                 break
     bar.close()
-    return _finish(s)
+    return _finish(s, st) if code is None else code
 
 
-def _optimizer_step(s: Setup, loss_acc, win: Window, stop) -> int | None:
-    """Clip, check for non-finite values (all ranks agree), step or skip. Returns an exit code to halt."""
+def _epoch_batches(s: Setup, st: TrainState):
+    """This rank's micro-batches of the current epoch from the state's position on, on the device."""
+    t, acc = s.cfg.train, s.acc
+    order = batching.epoch_order(s.lengths, t.seed, st.epoch, t.batch_size * acc.num_processes, t.group_by_length)
+    sampler = batching.RankBatches(order, acc.process_index, t.batch_size, st.batch_in_epoch,
+                                   s.steps_per_epoch * t.grad_accum)
+    gpu = acc.device.type == "cuda"
+    for batch in batching.make_loader(s.train_ds, sampler, s.collate, t.num_workers, pin_memory=gpu):
+        yield {k: v.to(acc.device, non_blocking=gpu) for k, v in batch.items()}  # pinned: async copy
+
+
+def _optimizer_step(s: Setup, st: TrainState, loss_acc, win: Window, stop) -> tuple[bool, int | None]:
+    """Clip, check for non-finite values and a stop request (all ranks agree), step or skip.
+    Returns (stop agreed, an exit code to halt or None)."""
     t, acc = s.cfg.train, s.acc
     norm = acc.clip_grad_norm_(s.model.parameters(), t.max_grad_norm if t.max_grad_norm > 0 else math.inf)
     loss, norm = float(loss_acc), float(norm)
     # with fp16 the gradient scaler owns overflowing gradients (it skips and lowers its scale)
     bad_local = not math.isfinite(loss) or (acc.scaler is None and not math.isfinite(norm))
-    s.stop_requested, bad = signals.agree(acc, stop.requested, bad_local)
-    s.last_lr = s.scheduler.get_last_lr()[0]
+    stopping, bad = signals.agree(acc, stop.requested, bad_local)
+    win.lr = s.scheduler.get_last_lr()[0]
     if bad:
-        s.nan["skipped_total"] += 1
-        s.nan["in_a_row"] += 1
+        st.nan.skipped_total += 1
+        st.nan.in_a_row += 1
     else:
         s.optimizer.step()
-        s.nan["in_a_row"] = 0
+        st.nan.in_a_row = 0
     s.scheduler.step()  # the rate is a function of the step, skipped or not
     s.optimizer.zero_grad(set_to_none=True)
-    s.pos.step += 1
-    win.loss += loss
-    win.steps += 1
-    s.last_norm = norm
-    if bad:
-        return _nonfinite(s, loss, norm)
-    return None
+    st.step, st.metrics = st.step + 1, {}  # a new step: not evaluated yet
+    win.loss, win.steps, win.grad_norm = win.loss + loss, win.steps + 1, norm
+    return stopping, (_nonfinite(s, st, loss, norm) if bad else None)
 
 
-def _nonfinite(s: Setup, loss: float, norm: float) -> int | None:
-    t = s.cfg.train
-    msg = f"step {s.pos.step}: non-finite loss {loss} or gradient norm {norm}"
-    s.log.write({"step": s.pos.step, "event": "nonfinite", "loss": str(loss), "grad_norm": str(norm),
-                 "skipped_total": s.nan["skipped_total"], "in_a_row": s.nan["in_a_row"]})
-    if t.nan_policy == "halt" or s.nan["in_a_row"] >= t.max_nan_in_a_row:
-        why = "nan_policy=halt" if t.nan_policy == "halt" else f"{s.nan['in_a_row']} in a row (train.max_nan_in_a_row)"
+def _nonfinite(s: Setup, st: TrainState, loss: float, norm: float) -> int | None:
+    t, nan = s.cfg.train, st.nan
+    msg = f"step {st.step}: non-finite loss {loss} or gradient norm {norm}"
+    s.log.write({"step": st.step, "event": "nonfinite", "loss": str(loss), "grad_norm": str(norm),
+                 "skipped_total": nan.skipped_total, "in_a_row": nan.in_a_row})
+    if t.nan_policy == "halt" or nan.in_a_row >= t.max_nan_in_a_row:
+        why = "nan_policy=halt" if t.nan_policy == "halt" else f"{nan.in_a_row} in a row (train.max_nan_in_a_row)"
         if s.acc.is_main_process:
             checkpoint.warn(f"{msg}; halting ({why}). {_replay_hint(s)}")
         return signals.EXIT_NONFINITE
     if s.acc.is_main_process:
-        checkpoint.warn(f"{msg}; update skipped ({s.nan['in_a_row']} in a row, {s.nan['skipped_total']} in total)")
+        checkpoint.warn(f"{msg}; update skipped ({nan.in_a_row} in a row, {nan.skipped_total} in total)")
     return None
 
 
@@ -149,22 +155,21 @@ def _replay_hint(s: Setup) -> str:
             f"python pipeline/train.py --config {s.config_path} {start} train.detect_anomaly=true")
 
 
-def _after_step(s: Setup, win: Window, epoch_end: bool, stop) -> int | None:
+def _after_step(s: Setup, st: TrainState, win: Window, epoch_end: bool, stop, stopping: bool) -> int | None:
     """Log, evaluate, checkpoint, and honour a stop request, in that order."""
-    t, step = s.cfg.train, s.pos.step
+    t, step = s.cfg.train, st.step
     last = step >= s.total_steps
     if step % t.log_every == 0 or last:
-        _log_train(s, win)
+        _log_train(s, st, win)
         win.__init__()  # the next record covers the steps after this one
     paused = time.perf_counter()
-    metrics = None
     if (t.eval_every and step % t.eval_every == 0) or last:
-        metrics = _evaluate(s)
+        _evaluate(s, st)
     want_save = (t.save_every and step % t.save_every == 0) or (epoch_end and t.save_at_epoch_end)
-    if want_save or last or s.stop_requested:
-        _save(s, metrics)
+    if want_save or last or stopping:
+        _save(s, st)
     win.paused += time.perf_counter() - paused
-    if s.stop_requested:
+    if stopping:
         stop.saved()
         if s.acc.is_main_process:
             checkpoint.warn(f"stopped at step {step} by {stop.signal_name or 'a signal on another process'}; "
@@ -173,7 +178,7 @@ def _after_step(s: Setup, win: Window, epoch_end: bool, stop) -> int | None:
     return None
 
 
-def _log_train(s: Setup, win: Window) -> None:
+def _log_train(s: Setup, st: TrainState, win: Window) -> None:
     """One record for the window: mean loss over its steps and ranks, throughput of all ranks, and
     with several processes each rank's own mean loss (a diverging rank shows up next to the others)."""
     import torch
@@ -185,76 +190,59 @@ def _log_train(s: Setup, win: Window) -> None:
     loss, steps, tokens, slots, samples, _ = ranks.sum(0).tolist()
     elapsed = ranks[:, 5].max().item()  # the ranks run in lockstep: the slowest one's time
     record = {
-        "step": s.pos.step, "epoch": s.pos.epoch, "loss": loss / max(steps, 1), "lr": s.last_lr,
-        "grad_norm": s.last_norm, "tokens_per_s": tokens / elapsed, "samples_per_s": samples / elapsed,
+        "step": st.step, "epoch": st.epoch, "loss": loss / max(steps, 1), "lr": win.lr,
+        "grad_norm": win.grad_norm, "tokens_per_s": tokens / elapsed, "samples_per_s": samples / elapsed,
         "padding_fraction": 1 - tokens / max(slots, 1), "tokens": int(tokens), "steps": int(steps / len(ranks)),
-        "seconds": elapsed, "nonfinite_skipped": s.nan["skipped_total"],
+        "seconds": elapsed, "nonfinite_skipped": st.nan.skipped_total,
     }
     rank_losses = (ranks[:, 0] / ranks[:, 1].clamp(min=1)).tolist()
     if len(rank_losses) > 1:
         record.update({f"loss_rank_{r}": v for r, v in enumerate(rank_losses)})
-        _warn_diverging(s, rank_losses)
+        _warn_diverging(s, st.step, rank_losses)
     s.log.write(record)
     acc.log({f"train/{k}": v for k, v in record.items() if k not in ("step", "epoch", "tokens", "steps", "seconds")},
-            step=s.pos.step)
+            step=st.step)
 
 
-def _warn_diverging(s: Setup, rank_losses: list[float]) -> None:
+def _warn_diverging(s: Setup, step: int, rank_losses: list[float]) -> None:
     """A rank whose window loss is non-finite, or above twice the median rank's plus 0.5, is named: the
     ranks see different rows, so their losses differ, but not by that much unless one has gone wrong."""
     median = sorted(rank_losses)[(len(rank_losses) - 1) // 2]
     odd = [r for r, v in enumerate(rank_losses) if not math.isfinite(v) or v > 2 * median + 0.5]
     if odd and s.acc.is_main_process:
-        checkpoint.warn(f"step {s.pos.step}: the loss of rank(s) {odd} ({', '.join(f'{rank_losses[r]:.4g}' for r in odd)}) "
+        checkpoint.warn(f"step {step}: the loss of rank(s) {odd} ({', '.join(f'{rank_losses[r]:.4g}' for r in odd)}) "
                         f"leaves the other ranks' (median {median:.4g}); look at that rank's data or hardware")
 
 
-def _evaluate(s: Setup) -> dict:
+def _evaluate(s: Setup, st: TrainState) -> None:
+    """Validation with evaluate.py's code (batches and eval.precision too): this step's metrics, the best so far."""
     from pipeline.evaluation.inference import precision_of
     from pipeline.training.evaluation import evaluate
 
-    t = s.cfg.train
-    # evaluate.py's batches and eval.precision too
     m = evaluate(s.acc, s.model, s.val_ds, s.cfg.eval.batch_size, s.label_names, precision_of(s.cfg.eval))
-    value = m[t.metric_for_best]
-    greater = t.metric_for_best != "loss"
-    b = s.best
-    if b.get("value") is None or (value > b["value"] if greater else value < b["value"]):
-        s.best.update(value=value, step=s.pos.step)
-    s.log.write({"step": s.pos.step, "eval": m})
-    s.acc.log({f"eval/{k}": v for k, v in m.items() if k != "examples"}, step=s.pos.step)
-    s.last_metrics = (s.pos.step, m)
-    return m
+    st.metrics = m
+    st.best.offer(m[st.best.metric], st.step)
+    s.log.write({"step": st.step, "eval": m})
+    s.acc.log({f"eval/{k}": v for k, v in m.items() if k != "examples"}, step=st.step)
 
 
-def _save(s: Setup, metrics: dict | None) -> Path:
-    step = s.pos.step
-    if s.saved_step == step:
-        return s.ckpt_root / s.saved_name
-    if metrics is None and s.last_metrics and s.last_metrics[0] == step:
-        metrics = s.last_metrics[1]
-    state = {
-        "step": step, "epoch": s.pos.epoch, "batch_in_epoch": s.pos.batch_in_epoch,
-        "total_steps": s.total_steps, "metrics": metrics or {}, "best": dict(s.best),
-        "nan": dict(s.nan), "num_processes": s.acc.num_processes, "fingerprints": s.fingerprints,
-    }
-    name = f"step-{step:07d}"
-    path = checkpoint.save_checkpoint(s.acc, s.ckpt_root, name, s.model, s.optimizer, s.scheduler, state)
+def _save(s: Setup, st: TrainState) -> None:
+    """A checkpoint of this step (its state.json: st.to_json()), then rotation."""
+    name = f"step-{st.step:07d}"
+    checkpoint.save_checkpoint(s.acc, s.ckpt_root, name, s.model, s.optimizer, s.scheduler, st.to_json())
     if s.acc.is_main_process:
         checkpoint.rotate(s.ckpt_root, s.cfg.train.keep_last, s.cfg.train.keep_best)
     s.acc.wait_for_everyone()
-    s.saved_step, s.saved_name = step, name
-    return path
 
 
-def _finish(s: Setup) -> int:
+def _finish(s: Setup, st: TrainState) -> int:
     """After the last step: the final export (a checkpoint of the last step exists already)."""
     weights = s.acc.get_state_dict(s.model)  # the full state dict: a collective under FSDP/ZeRO-3
     if s.acc.is_main_process:
-        state = {"step": s.pos.step, "epoch": s.pos.epoch, "best": dict(s.best), "fingerprints": s.fingerprints}
+        best = asdict(st.best)
+        state = {"step": st.step, "epoch": st.epoch, "best": best, "fingerprints": st.fingerprints}
         rundir.export_final(s.acc.unwrap_model(s.model), s.tok, s.run_dir / "final", state, weights)
-        summary: dict[str, Any] = {"step": s.pos.step, "best": s.best, "final": str(s.run_dir / "final")}
-        s.log.write({"step": s.pos.step, "event": "finished", **summary})
-        print(f"finished at step {s.pos.step}; final model: {s.run_dir / 'final'}; best {s.best}", flush=True)
+        s.log.write({"step": st.step, "event": "finished", "best": best, "final": str(s.run_dir / "final")})
+        print(f"finished at step {st.step}; final model: {s.run_dir / 'final'}; best {best}", flush=True)
     s.acc.wait_for_everyone()
     return signals.EXIT_OK

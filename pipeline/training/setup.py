@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field
+import time
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 from pipeline import artifacts
 from pipeline.config import Config
 from pipeline.training import batching, budget, build, checkpoint, rundir
+from pipeline.training.state_io import Best, TrainState
 
 # train settings that do not change the sequence of updates: free to change on resume
 FREE_ON_RESUME = {"epochs", "max_steps", "eval_every", "save_every", "save_at_epoch_end", "keep_last", "keep_best",
@@ -20,14 +22,9 @@ FREE_ON_RESUME = {"epochs", "max_steps", "eval_every", "save_every", "save_at_ep
 
 
 @dataclass
-class Position:
-    step: int = 0  # optimizer steps done
-    epoch: int = 0
-    batch_in_epoch: int = 0  # micro-batches of this epoch already consumed (per rank)
-
-
-@dataclass
 class Setup:
+    """What is built once, before the first step; what changes as the run goes is a state_io.TrainState."""
+
     cfg: Config
     acc: Any
     model: Any
@@ -40,20 +37,11 @@ class Setup:
     collate: batching.Collator
     label_names: list
     run_dir: Path
-    total_steps: int
+    total_steps: int  # the plan; train.max_minutes fixes it after measuring (budget.py)
     steps_per_epoch: int
-    fingerprints: dict
+    precision: str  # accelerate's mixed_precision
     log: rundir.MetricsLog
     config_path: str
-    pos: Position = field(default_factory=Position)
-    best: dict = field(default_factory=dict)
-    nan: dict = field(default_factory=lambda: {"skipped_total": 0, "in_a_row": 0})
-    stop_requested: bool = False
-    last_lr: float = 0.0
-    last_norm: float = 0.0
-    last_metrics: tuple | None = None
-    saved_step: int = -1
-    saved_name: str = ""
     budget: dict | None = None  # train.max_minutes: what was measured and decided (budget.py)
 
     @property
@@ -67,17 +55,17 @@ def _fingerprints(cfg: Config, data_fp: str, mp: str) -> dict:
     return {"model": artifacts.fingerprint(asdict(cfg.model)), "data": data_fp, "train": train}
 
 
-def check_resumable(state: dict, fps: dict, world: int, path: Path) -> None:
+def check_resumable(state: TrainState, fps: dict, world: int, path: Path) -> None:
     """A checkpoint from another model, data or batching is an error, never garbage. The number of
     processes may change (elastic resume) while train.batch_size x processes stays the same: then the
     global batch and the data order of every epoch (a function of the seed and that product) are too."""
-    old = state.get("fingerprints", {})
+    old = state.fingerprints
     for key, what in (("model", "the [model] section"), ("data", "the prepared data")):
         if old.get(key) != fps[key]:
             raise ValueError(f"{path} was trained with other {what} (fingerprint {old.get(key)} != {fps[key]}); "
                              f"resume with the config it was made with, or start a new output_dir")
     old_train, new_train = old.get("train", {}), fps["train"]
-    _check_global_batch(old_train, state.get("num_processes"), new_train, world, path)
+    _check_global_batch(old_train, state.num_processes, new_train, world, path)
     changed = sorted(k for k in new_train if k != "batch_size" and old_train.get(k) != new_train[k])
     if changed:
         diffs = ", ".join(f"train.{k}: {old_train.get(k)!r} -> {new_train[k]!r}" for k in changed)
@@ -134,41 +122,71 @@ def _load_data(cfg: Config, config_path: str):
     return prep
 
 
-def prepare_run(cfg: Config, config_path: str, resume: str | None, restart: bool = False) -> Setup | None:
+def prepare_run(cfg: Config, config_path: str, resume: str | None,
+                restart: bool = False) -> tuple[Setup, TrainState] | None:
     """Check, build and (when resuming) restore. None: resumed after the last step, nothing to do."""
-    import time
-
-    import numpy as np
+    import accelerate.utils  # noqa: F401 - like torch, imported before the train.max_minutes clock starts
     import torch
-    from accelerate.utils import InitProcessGroupKwargs, set_seed
+
+    started = time.perf_counter()  # train.max_minutes counts from here
+    mp = build.choose_precision(cfg.train, torch.cuda.is_available())
+    if not restart:
+        rundir.check_run_dir(cfg.run_dir, resume, config_path)
+    prep = _load_data(cfg, config_path)
+    tok = build.load_tokenizer(prep.tokenizer_dir, cfg.model.from_scratch)
+    acc = _accelerator(cfg, mp)
+    spe = _steps_per_epoch(cfg.train, acc, len(prep.splits["train"]))
+    fps = _fingerprints(cfg, prep.fingerprint, mp)
+    ckpt = None if restart else _resolve_resume(acc, cfg.run_dir, resume, config_path)
+    saved = _read_saved(ckpt, fps, acc.num_processes)
+    total = saved.total_steps if saved and cfg.train.max_minutes else (cfg.train.max_steps or cfg.train.epochs * spe)
+    s = _build(cfg, config_path, prep, tok, acc, mp, total, spe, saved)
+    if cfg.train.max_minutes:  # the budget's step count is fixed at the first launch, kept on resume
+        s.budget = budget.fix_total_steps(s, started) if saved is None else budget.kept(s, ckpt)
+    st = _start_state(s, ckpt, saved, fps)
+    if saved and saved.step >= s.total_steps:
+        return _nothing_to_do(s, ckpt, saved)
+    _announce(s, st, ckpt)
+    return s, st
+
+
+def _accelerator(cfg: Config, mp: str):
+    from accelerate.utils import InitProcessGroupKwargs
 
     from pipeline.accel import make_accelerator
 
-    started = time.perf_counter()  # train.max_minutes counts from here
-    t, run_dir = cfg.train, cfg.run_dir
-    mp = build.choose_precision(t, torch.cuda.is_available())
-    if not restart:
-        rundir.check_run_dir(run_dir, resume, config_path)
-    prep = _load_data(cfg, config_path)
-    tok = build.load_tokenizer(prep.tokenizer_dir, cfg.model.from_scratch)
+    t = cfg.train
     timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=t.collective_timeout_s))  # gloo's default: 30 min
-    acc = make_accelerator(mixed_precision=mp, gradient_accumulation_steps=t.grad_accum, log_with="tensorboard",
-                           project_dir=str(run_dir), kwargs_handlers=[timeout])
-    train_ds = prep.splits["train"]
-    spe = batching.steps_per_epoch(len(train_ds), t.batch_size, acc.num_processes, t.grad_accum)
+    return make_accelerator(mixed_precision=mp, gradient_accumulation_steps=t.grad_accum, log_with="tensorboard",
+                            project_dir=str(cfg.run_dir), kwargs_handlers=[timeout])
+
+
+def _steps_per_epoch(t, acc, rows: int) -> int:
+    spe = batching.steps_per_epoch(rows, t.batch_size, acc.num_processes, t.grad_accum)
     if spe == 0:
         per_step = t.batch_size * acc.num_processes * t.grad_accum
         raise ValueError(f"train.batch_size={t.batch_size} x {acc.num_processes} processes x train.grad_accum="
-                         f"{t.grad_accum} = {per_step} examples per step, but the train split has {len(train_ds)} "
+                         f"{t.grad_accum} = {per_step} examples per step, but the train split has {rows} "
                          f"rows: zero steps per epoch; lower train.batch_size or train.grad_accum")
-    total = t.max_steps or t.epochs * spe
-    fps = _fingerprints(cfg, prep.fingerprint, mp)
-    ckpt = None if restart else _resolve_resume(acc, run_dir, resume, config_path)
-    state = artifacts.read_json(ckpt / checkpoint.STATE) if ckpt else None
-    if state:
-        check_resumable(state, fps, acc.num_processes, ckpt)
-        if t.max_minutes:  # the budget's step count was fixed at the first launch
-            total = state.get("total_steps") or total
+    return spe
+
+
+def _read_saved(ckpt: Path | None, fps: dict, world: int) -> TrainState | None:
+    """The checkpoint's state.json, strictly typed, checked to continue this run (before anything is built)."""
+    if ckpt is None:
+        return None
+    saved = TrainState.read(ckpt / checkpoint.STATE)
+    check_resumable(saved, fps, world, ckpt)
+    return saved
+
+
+def _build(cfg: Config, config_path: str, prep, tok, acc, mp: str, total: int, spe: int,
+           saved: TrainState | None) -> Setup:
+    """Seed, then the model, optimizer and schedule, prepared by accelerate (the scheduler stays ours)."""
+    import numpy as np
+    from accelerate.utils import set_seed
+
+    t, run_dir, train_ds = cfg.train, cfg.run_dir, prep.splits["train"]
     if t.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     set_seed(t.seed, deterministic=t.deterministic)
@@ -177,47 +195,44 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None, restart: bool
     if t.gradient_checkpointing:  # non-reentrant: works under DDP (no "marked ready twice")
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer, scheduler = build.build_optimizer(model, t, total)
-    model, optimizer = acc.prepare(model, optimizer)  # the scheduler stays ours: stepped once per step
-    if ckpt is None and acc.is_main_process and rundir.holds_run(run_dir):
+    model, optimizer = acc.prepare(model, optimizer)  # the scheduler is stepped once per optimizer step, by us
+    if saved is None:
+        _set_aside_earlier_attempt(acc, run_dir)
+    acc.wait_for_everyone()
+    collate = batching.Collator(tok.pad_token_id, batching.pad_multiple(acc.device.type, t.pad_to_multiple_of),
+                                cfg.tokenize.max_length)
+    log = rundir.MetricsLog(run_dir / "metrics.jsonl", acc.is_main_process, saved.step if saved else None)
+    return Setup(cfg=cfg, acc=acc, model=model, optimizer=optimizer, scheduler=scheduler, tok=tok, train_ds=train_ds,
+                 val_ds=prep.splits["validation"], lengths=np.asarray(train_ds["length"][:], dtype=np.int64),
+                 collate=collate, label_names=prep.label_names, run_dir=run_dir, total_steps=total,
+                 steps_per_epoch=spe, precision=mp, log=log, config_path=config_path)
+
+
+def _set_aside_earlier_attempt(acc, run_dir: Path) -> None:
+    if acc.is_main_process and rundir.holds_run(run_dir):
         moved = rundir.set_aside(run_dir)
         if moved:
             print(f"the earlier attempt's files were moved to {moved} (nothing was deleted)", flush=True)
-    acc.wait_for_everyone()
-    s = Setup(cfg=cfg, acc=acc, model=model, optimizer=optimizer, scheduler=scheduler, tok=tok, train_ds=train_ds,
-              val_ds=prep.splits["validation"], lengths=np.asarray(train_ds["length"][:], dtype=np.int64),
-              collate=batching.Collator(tok.pad_token_id, batching.pad_multiple(acc.device.type, t.pad_to_multiple_of),
-                                               cfg.tokenize.max_length),
-              label_names=prep.label_names, run_dir=run_dir, total_steps=total, steps_per_epoch=spe,
-              fingerprints=fps, config_path=config_path, log=rundir.MetricsLog(run_dir / "metrics.jsonl", acc.is_main_process,
-                                                      state["step"] if state else None))
-    if t.max_minutes:
-        s.budget = budget.fix_total_steps(s, started) if state is None else budget.kept(s, ckpt)
-    s.best = {"metric": t.metric_for_best, "greater_is_better": t.metric_for_best != "loss", "value": None, "step": None}
-    _start_position(s, ckpt, state)
-    if state and state["step"] >= total:
-        return _nothing_to_do(s, ckpt, state)
-    _announce(s, ckpt, model, mp)
-    return s
 
 
-def _start_position(s: Setup, ckpt: Path | None, state: dict | None) -> None:
-    s.pos = Position()
-    if ckpt is None:
-        return
-    if state.get("total_steps") != s.total_steps and s.acc.is_main_process:
-        checkpoint.warn(f"total steps changed from {state.get('total_steps')} to {s.total_steps}: the learning-rate "
+def _start_state(s: Setup, ckpt: Path | None, saved: TrainState | None, fps: dict) -> TrainState:
+    """A fresh state, or the checkpoint's with its weights, optimizer, scheduler and RNG loaded."""
+    metric = s.cfg.train.metric_for_best
+    if saved is None:
+        return TrainState.fresh(metric, s.total_steps, s.acc.num_processes, fps)
+    if saved.total_steps != s.total_steps and s.acc.is_main_process:
+        checkpoint.warn(f"total steps changed from {saved.total_steps} to {s.total_steps}: the learning-rate "
                         f"schedule differs from the original run's from here on")
     checkpoint.load_checkpoint(s.acc, ckpt, s.model, s.optimizer, s.scheduler)  # RNG last: nothing draws after
-    s.pos = Position(step=state["step"], epoch=state["epoch"], batch_in_epoch=state["batch_in_epoch"])
-    s.best.update({k: v for k, v in state.get("best", {}).items() if k in ("value", "step")})
-    s.nan.update(state.get("nan", {}))
-    s.saved_step, s.saved_name = state["step"], ckpt.name
+    # metric_for_best is free on resume: this run's metric and direction, the saved best value and step
+    best = Best.of(metric, saved.best.value, saved.best.step)
+    return replace(saved, total_steps=s.total_steps, num_processes=s.acc.num_processes, fingerprints=fps, best=best)
 
 
-def _nothing_to_do(s: Setup, ckpt: Path, state: dict) -> None:
+def _nothing_to_do(s: Setup, ckpt: Path, saved: TrainState) -> None:
     weights = s.acc.get_state_dict(s.model)  # the full state dict: a collective under FSDP/ZeRO-3
     if s.acc.is_main_process:
-        print(f"--resume: {ckpt} is at {checkpoint.describe_state(state)}, the end of a {s.total_steps}-step run; "
+        print(f"--resume: {ckpt} is at {saved.describe()}, the end of a {s.total_steps}-step run; "
               f"nothing to do", flush=True)
         if not (s.run_dir / "final" / "config.json").is_file():
             rundir.export_final(s.acc.unwrap_model(s.model), s.tok, s.run_dir / "final", weights=weights)
@@ -226,17 +241,18 @@ def _nothing_to_do(s: Setup, ckpt: Path, state: dict) -> None:
     return None
 
 
-def _announce(s: Setup, ckpt: Path | None, model, mp: str) -> None:
-    acc = s.acc
+def _announce(s: Setup, st: TrainState, ckpt: Path | None) -> None:
+    acc, model = s.acc, s.acc.unwrap_model(s.model)
     if acc.is_main_process:
         rundir.record_launch(s.cfg, s.run_dir, {
-            "num_processes": acc.num_processes, "mixed_precision": mp, "resumed_from": str(ckpt) if ckpt else None,
-            "model": build.describe(acc.unwrap_model(model)), "fingerprints": s.fingerprints, "budget": s.budget,
+            "num_processes": acc.num_processes, "mixed_precision": s.precision,
+            "resumed_from": str(ckpt) if ckpt else None, "model": build.describe(model),
+            "fingerprints": st.fingerprints, "budget": s.budget,
         })
         if not (s.run_dir / "model_config" / "config.json").is_file():
-            rundir.export_model_config(acc.unwrap_model(model), s.tok, s.run_dir / "model_config")
-        where = f"resuming from {ckpt} at {checkpoint.describe_state({**vars(s.pos)})}" if ckpt else "starting fresh"
-        print(f"{build.describe(acc.unwrap_model(model))}; {acc.num_processes} process(es), precision {mp}; "
+            rundir.export_model_config(model, s.tok, s.run_dir / "model_config")
+        where = f"resuming from {ckpt} at {st.describe()}" if ckpt else "starting fresh"
+        print(f"{build.describe(model)}; {acc.num_processes} process(es), precision {s.precision}; "
               f"{s.steps_per_epoch} steps/epoch, {s.total_steps} steps; {where}", flush=True)
     acc.init_trackers("tensorboard")
     acc.wait_for_everyone()

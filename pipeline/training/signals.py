@@ -13,6 +13,7 @@ import signal
 import sys
 
 from pipeline.cli import EXIT_USAGE  # bad config or input, nothing was done
+from pipeline.training.checkpoint import warn
 
 EXIT_OK = 0  # finished (or nothing left to do)
 EXIT_NONFINITE = 65  # halted on a non-finite loss or gradient norm; the message names the last healthy checkpoint
@@ -37,8 +38,9 @@ class StopFlag:
 
     def _handle(self, signum, frame) -> None:
         self.signal_name = signal.Signals(signum).name
-        print(f"\n{self.signal_name} received: finishing this step, saving a checkpoint, then exiting "
-              f"(exit code {EXIT_INTERRUPTED})", file=sys.stderr, flush=True)
+        print(file=sys.stderr)  # off the progress bar's line
+        warn(f"{self.signal_name} received: finishing this step, saving a checkpoint, then exiting "
+             f"(exit code {EXIT_INTERRUPTED})")
         signal.signal(signum, signal.SIG_DFL if signum == signal.SIGTERM else signal.default_int_handler)
 
     @property

@@ -1,4 +1,6 @@
-"""What a checkpoint may hold besides safetensors, read without ever running code from it.
+"""What a checkpoint may hold besides safetensors, read without ever running code from it: the
+training state (state.json, typed and strictly checked), the RNG states, the scheduler, and the
+pickles that accelerate and torch write, each proven to be data only before anything loads it.
 
 accelerate's save_state writes the optimizer, scaler, sampler and RNG states with torch.save
 (pickles), and under FSDP torch's distributed checkpoint (DCP) adds a plainly pickled `.metadata`
@@ -21,10 +23,131 @@ import json
 import pickle
 import random
 import re
+import types
+import typing
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.artifacts import read_json
+
+FORMAT = "accelerate-save_state/1"  # state.json's "format": the layout checkpoint.py describes
+
+
+# ---------------------------------------------------------------- the training state (state.json)
+
+
+@dataclass
+class Best:
+    """The best validation value of metric_for_best so far, and the step that reached it."""
+
+    metric: str
+    greater_is_better: bool
+    value: float | None = None
+    step: int | None = None
+
+    @classmethod
+    def of(cls, metric: str, value: float | None = None, step: int | None = None) -> Best:
+        return cls(metric, metric != "loss", value, step)  # the one place the direction is decided
+
+    def offer(self, value: float, step: int) -> None:
+        if self.value is None or (value > self.value if self.greater_is_better else value < self.value):
+            self.value, self.step = value, step
+
+
+@dataclass
+class NanCount:
+    """Optimizer steps skipped for a non-finite loss or gradient norm (train.nan_policy=skip)."""
+
+    skipped_total: int = 0
+    in_a_row: int = 0
+
+
+@dataclass
+class TrainState:
+    """Everything that changes as the run goes, exactly what a checkpoint's state.json holds, in its order.
+
+    The position (step, epoch, batch_in_epoch) is the only thing that says where the run is: the data
+    order of an epoch is a pure function of the seed and the epoch, so a resume starts there directly."""
+
+    step: int  # optimizer steps done
+    epoch: int
+    batch_in_epoch: int  # micro-batches of this epoch already consumed (per rank)
+    total_steps: int
+    metrics: dict  # validation metrics of this step; {} when it was not evaluated
+    best: Best
+    nan: NanCount
+    num_processes: int
+    fingerprints: dict  # model, data and the train settings that shape the updates (setup.check_resumable)
+
+    @classmethod
+    def fresh(cls, metric: str, total_steps: int, num_processes: int, fingerprints: dict) -> TrainState:
+        return cls(0, 0, 0, total_steps, {}, Best.of(metric), NanCount(), num_processes, fingerprints)
+
+    def to_json(self) -> dict:
+        return {**_plain(self), "format": FORMAT}
+
+    @classmethod
+    def from_json(cls, obj, where: str) -> TrainState:
+        """Strict: an older format, a missing, unknown or mistyped key is a ValueError naming `where` and the key."""
+        check_format(obj, where)
+        return _typed(cls, {k: v for k, v in obj.items() if k != "format"}, where, "")
+
+    @classmethod
+    def read(cls, path: Path) -> TrainState:
+        return cls.from_json(read_json(path), str(path))
+
+    def describe(self) -> str:
+        return f"step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch} of that epoch)"
+
+
+def check_format(state, where: str) -> None:
+    """A state.json of the layout checkpoint.py writes; an older one (before save_state) is named as such."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{where}: the state must be an object, got {type(state).__name__}")
+    if state.get("format") != FORMAT:
+        raise ValueError(f"{where} is in an older checkpoint format ({state.get('format', 'safetensors + JSON')}, "
+                         f"before save_state); resume it with the version that wrote it, or start over with --restart")
+
+
+def _plain(obj):
+    """A dataclass as a dict in field order (nested ones too), the JSON state.json holds."""
+    return {f.name: _plain(v) if is_dataclass(v := getattr(obj, f.name)) else v for f in fields(obj)}
+
+
+_KIND = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "an object",
+         type(None): "null"}
+
+
+def _typed(cls, obj, where: str, prefix: str):
+    """cls built from the JSON object `obj`, every field present and of its annotated type (int is not
+    bool; a float field takes an integer); nested dataclasses in turn."""
+    if not isinstance(obj, dict):
+        what = f"key {prefix.rstrip('.')!r}" if prefix else "the state"
+        raise ValueError(f"{where}: {what} must be an object, got {obj!r}")
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(obj) - set(hints))
+    if unknown:
+        raise ValueError(f"{where}: unknown key {prefix + unknown[0]!r}")
+    values = {}
+    for name, hint in hints.items():
+        if name not in obj:
+            raise ValueError(f"{where}: missing key {prefix + name!r}")
+        if is_dataclass(hint):
+            values[name] = _typed(hint, obj[name], where, f"{prefix}{name}.")
+        else:
+            values[name] = _checked(obj[name], hint, where, prefix + name)
+    return cls(**values)
+
+
+def _checked(value, hint, where: str, key: str):
+    kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    ok = any(type(value) is k or (k is float and type(value) is int) for k in kinds)
+    if not ok:
+        want = " or ".join(_KIND[k] for k in kinds)
+        raise ValueError(f"{where}: key {key!r} must be {want}, got {value!r}")
+    return value
 
 
 # ---------------------------------------------------------------- RNG states (one file per process)

@@ -96,3 +96,21 @@ def test_an_empty_validation_split_is_refused_before_training(prepared, fresh_ac
     with pytest.raises(ValueError, match=r"validation split .* is empty .*set split.validation above 0"):
         train(load_config(config), str(config))
     assert not (run_dir(config) / "checkpoints").exists()
+
+
+def test_a_mistyped_key_in_an_intact_state_json_is_one_line_naming_file_and_key(prepared, fresh_accelerate):
+    """A state.json that its manifest vouches for (written by another tool, say) is still checked key by key."""
+    import json
+
+    from pipeline.training import checkpoint
+
+    config = prepared(train={"epochs": 1, "save_every": 5})
+    assert train(load_config(config), str(config)) == signals.EXIT_OK
+    newest = checkpoint.complete_checkpoints(run_dir(config) / "checkpoints")[-1][0]
+    state = json.loads((newest / "state.json").read_text())
+    (newest / "state.json").write_text(json.dumps({**state, "step": str(state["step"])}))
+    checkpoint.write_manifest(newest, kind="checkpoint")  # intact: only the type is wrong
+    out = run_train(config, "--resume", str(newest))
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [f"error: {newest / 'state.json'}: key 'step' must be an integer, "
+                                               f"got '{state['step']}'"]

@@ -160,7 +160,7 @@ def test_nan_skip_halts_after_k_in_a_row_and_the_replay_names_the_operation(prep
     assert train(cfg, str(config), resume=str(healthy)) == signals.EXIT_NONFINITE
     err = capsys.readouterr().err
     # the NaN logits enter cross-entropy first: its backward is the first to return NaN
-    assert "anomaly detection (train.detect_anomaly) at step 3: Function 'LogSoftmaxBackward0' returned nan" in err
+    assert "warning: anomaly detection (train.detect_anomaly) at step 3: Function 'LogSoftmaxBackward0' returned nan" in err
 
 
 def test_nan_halt_names_last_healthy_checkpoint(prepared, fresh_accelerate, monkeypatch, capsys):

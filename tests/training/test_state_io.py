@@ -4,13 +4,16 @@ pickle a checkpoint can hold is read as data only, and planted code never runs."
 from __future__ import annotations
 
 import io
+import json
 import pickle
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from pipeline.artifacts import write_json_atomic
 from pipeline.training import state_io
 
 
@@ -97,3 +100,61 @@ def test_accelerate_custom_object_pickles_are_refused(tmp_path):
 def test_scheduler_with_a_callable_object_is_refused():
     with pytest.raises(ValueError, match="cannot be checkpointed safely"):
         state_io.plain_state({"lr_lambdas": [object()]}, "scheduler")
+
+
+# ---------------------------------------------------------------- the training state (state.json)
+
+FORMAT1 = Path(__file__).parent / "data" / "state_format1.json"  # written by the loop before TrainState existed
+
+
+def test_a_state_json_of_todays_format_loads_and_is_written_back_byte_for_byte(tmp_path):
+    st = state_io.TrainState.read(FORMAT1)
+    assert (st.step, st.epoch, st.batch_in_epoch, st.total_steps, st.num_processes) == (12, 0, 12, 12, 1)
+    assert st.best == state_io.Best("loss", False, 1.1049571562853993, 4)
+    assert st.nan == state_io.NanCount(0, 0) and st.metrics["accuracy"] == 0.3125
+    assert st.fingerprints["train"]["batch_size"] == 8
+    write_json_atomic(tmp_path / "state.json", st.to_json())  # what checkpoint.save_checkpoint writes
+    assert (tmp_path / "state.json").read_bytes() == FORMAT1.read_bytes()
+
+
+def test_a_fresh_state_round_trips_and_decides_the_direction_once():
+    st = state_io.TrainState.fresh("macro_f1", 30, 2, {"model": "m", "data": "d", "train": {}})
+    assert st.best.greater_is_better and not state_io.Best.of("loss").greater_is_better
+    st.best.offer(0.5, 3), st.best.offer(0.4, 6)
+    assert (st.best.value, st.best.step) == (0.5, 3)
+    low = state_io.Best.of("loss")
+    low.offer(0.5, 3), low.offer(0.4, 6)
+    assert (low.value, low.step) == (0.4, 6)
+    back = state_io.TrainState.from_json(json.loads(json.dumps(st.to_json())), "x")
+    assert back == st and list(st.to_json()) == ["step", "epoch", "batch_in_epoch", "total_steps", "metrics", "best",
+                                                 "nan", "num_processes", "fingerprints", "format"]
+
+
+def _broken(edit) -> dict:
+    obj = json.loads(FORMAT1.read_text())
+    edit(obj)
+    return obj
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda o: o.pop("batch_in_epoch"), r"state.json: missing key 'batch_in_epoch'$"),
+    (lambda o: o["nan"].pop("in_a_row"), r"state.json: missing key 'nan.in_a_row'$"),
+    (lambda o: o.update(step="12"), r"state.json: key 'step' must be an integer, got '12'$"),
+    (lambda o: o.update(step=12.0), r"state.json: key 'step' must be an integer, got 12.0$"),
+    (lambda o: o["best"].update(greater_is_better=1), r"key 'best.greater_is_better' must be true or false, got 1$"),
+    (lambda o: o["best"].update(value="high"), r"key 'best.value' must be a number or null, got 'high'$"),
+    (lambda o: o["best"].update(step=True), r"key 'best.step' must be an integer or null, got True$"),
+    (lambda o: o.update(best=None), r"state.json: key 'best' must be an object, got None$"),
+    (lambda o: o.update(metrics=[]), r"key 'metrics' must be an object, got \[\]$"),
+    (lambda o: o.update(epochs=1), r"state.json: unknown key 'epochs'$"),
+    (lambda o: o.pop("format"), r"state.json is in an older checkpoint format \(safetensors \+ JSON, before save_st"),
+])
+def test_a_missing_or_mistyped_key_is_one_line_naming_file_and_key(edit, message):
+    with pytest.raises(ValueError, match=message) as e:
+        state_io.TrainState.from_json(_broken(edit), "run/checkpoints/step-0000012/state.json")
+    assert "\n" not in str(e.value) and str(e.value).startswith("run/checkpoints/step-0000012/state.json")
+
+
+def test_a_state_json_that_is_not_an_object_is_named():
+    with pytest.raises(ValueError, match=r"^x/state.json: the state must be an object, got list$"):
+        state_io.TrainState.from_json([1, 2], "x/state.json")
