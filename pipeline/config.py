@@ -191,6 +191,9 @@ class TrainConfig:
     keep_best: int = opt(1, "best checkpoints (by metric_for_best) kept by rotation", bounds="[0, inf)")
     metric_for_best: str = opt("accuracy", "validation metric that ranks checkpoints", ("accuracy", "macro_f1", "loss"))
     log_every: int = opt(10, "log training metrics every N steps", bounds="[1, inf)")
+    release_memory_every: int = opt(10, "hand the heap's free pages back to the system every N steps (glibc "
+                                    "malloc_trim; 0 = never): keeps the resident size flat when batch shapes vary",
+                                    bounds="[0, inf)")
     nan_policy: str = opt("skip", "non-finite loss or gradient: skip the update, or halt", ("skip", "halt"))
     max_nan_in_a_row: int = opt(5, "halt after this many skipped updates in a row", bounds="[1, inf)")
     detect_anomaly: bool = opt(False, "torch autograd anomaly detection: names the operation that made a NaN (slow; debugging)")

@@ -12,7 +12,6 @@ saving a checkpoint: rerun with --resume auto to continue exactly where it stopp
 if __name__ == "__main__":  # run as a file: put the repository root, not pipeline/, on sys.path
     import _entrypoint  # noqa: F401
 
-from pipeline.allocator import keep_heap_flat  # noqa: E402
 from pipeline.cli import quiet_libraries  # noqa: E402
 from pipeline.config import config_from_args, make_parser  # noqa: E402
 
@@ -33,7 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--verbose", action="store_true", help="also the libraries' progress bars and load reports")
     args = parser.parse_args(argv)
-    keep_heap_flat()  # varying batch shapes must not grow the resident size step after step
     quiet_libraries(args.verbose)
     cfg = config_from_args(args)
     from pipeline.training.loop import train

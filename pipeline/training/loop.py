@@ -13,6 +13,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 
+from pipeline import allocator
 from pipeline.config import Config
 from pipeline.training import batching, checkpoint, rundir, signals
 from pipeline.training.setup import Setup, prepare_run
@@ -162,6 +163,8 @@ def _after_step(s: Setup, st: TrainState, win: Window, epoch_end: bool, stop, st
     if step % t.log_every == 0 or last:
         _log_train(s, st, win)
         win.__init__()  # the next record covers the steps after this one
+    if t.release_memory_every and step % t.release_memory_every == 0:
+        allocator.release_free_heap()  # the heap's holes left by varying batch shapes go back (counted as training)
     paused = time.perf_counter()
     if (t.eval_every and step % t.eval_every == 0) or last:
         _evaluate(s, st)

@@ -98,6 +98,20 @@ def test_a_log_record_covers_its_whole_window(prepared, fresh_accelerate, tmp_pa
         assert r["samples_per_s"] * r["seconds"] == pytest.approx(5 * 8)  # 5 steps of batch 8
 
 
+@pytest.mark.parametrize("every", [3, 0])
+def test_the_heaps_free_pages_go_back_every_release_memory_every_steps(prepared, fresh_accelerate, monkeypatch, every):
+    """train.release_memory_every=3: malloc_trim after steps 3, 6, ... (varying batch shapes must not grow
+    the resident size run after run: bench_memory.py); 0 turns it off."""
+    from pipeline import allocator
+
+    at = []
+    monkeypatch.setattr(allocator, "release_free_heap", lambda: at.append(True) or True)
+    config = prepared(train={"epochs": 1, "log_every": 1, "save_every": 0, "release_memory_every": every})
+    assert train(load_config(config), str(config)) == signals.EXIT_OK
+    steps = records(run_dir(config))[-1]["step"]
+    assert steps >= 6 and len(at) == (steps // every if every else 0)
+
+
 def test_gpt2_from_scratch_with_bpe(prepared, fresh_accelerate):
     config = prepared(kind="bpe", train={"epochs": 1, "save_every": 0})
     assert train(load_config(config), str(config)) == signals.EXIT_OK
