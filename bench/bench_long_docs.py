@@ -1,6 +1,11 @@
 """Long documents: truncation to the head, the tail, head+tail, against sentence chunking, one run.
 
-    python bench/bench_long_docs.py [--train 1200] [--test 400] [--steps 40] [--batch 8] [--max-length 128]
+    python bench/bench_long_docs.py [--train 3000] [--test 400] [--steps 150] [--batch 16] [--max-length 128]
+    python bench/bench_long_docs.py --probe [--train 3000] [--test 1000]
+
+The defaults are sized for <= 30 minutes on an unloaded 2-core CPU (extrapolated, not yet run: ~1.5 s
+a step of 16 rows at 128 tokens, 4 variants x (prepare, 150 steps, 400 test reviews)); at 40 steps of
+8 rows MiniLM had not started to learn (bench/RESULTS.md).
 
 On the synthetic long-review corpus (pipeline/corpora/long_reviews.py: IMDB's lengths, the label in
 an opening verdict, a closing one and a few middle sentences), each variant runs the real commands,
@@ -146,13 +151,13 @@ def probe(args, train, test) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--train", type=int, default=1200, help="training reviews")
+    p.add_argument("--train", type=int, default=3000, help="training reviews")
     p.add_argument("--test", type=int, default=400, help="test reviews")
     p.add_argument("--validation", type=float, default=0.02, help="fraction of the training reviews held out for "
                    "the end-of-training validation (small: training refuses none, and it costs every variant time)")
-    p.add_argument("--steps", type=int, default=40, help="optimizer steps per variant")
-    p.add_argument("--batch", type=int, default=8, help="rows per step")
-    p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate")
+    p.add_argument("--steps", type=int, default=150, help="optimizer steps per variant")
+    p.add_argument("--batch", type=int, default=16, help="rows per step")
+    p.add_argument("--lr", type=float, default=5e-5, help="peak learning rate")
     p.add_argument("--max-length", type=int, default=128, help="tokens per row")
     p.add_argument("--chunk-words", type=int, default=80, help="split.chunk_size: most words per chunk "
                    "(80 words ≈ 123 MiniLM tokens on this corpus, 1.54 tokens a word)")
