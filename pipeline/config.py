@@ -120,6 +120,13 @@ class TokenizeConfig:
     vocab_size: int = opt(8000, "vocabulary size of a newly trained tokenizer", bounds="[258, inf)")
     min_frequency: int = opt(2, "least count of a token kept by a newly trained tokenizer", bounds="[0, inf)")
     max_length: int = opt(128, "truncate to this many tokens (padding happens per batch in training)", bounds="[2, inf)")
+    truncation: str = opt("head", "what a document longer than max_length keeps: its first tokens, its last, or "
+                          "head_tokens first + the rest from its end (Sun et al. 2019); special tokens stay in place",
+                          ("head", "tail", "head_tail"))
+    # Sun et al. keep 128 + 382 of BERT's 510 content tokens on IMDB; 0 keeps that quarter at any max_length
+    head_tokens: int = opt(0, "truncation=head_tail: tokens kept from the start (0 = a quarter of the content "
+                           "tokens, round((max_length - special tokens) * 128 / 510): 32 at 128, 128 at 512)",
+                           bounds="[0, inf)")
 
 
 @dataclass(frozen=True)
@@ -447,6 +454,13 @@ def validate(cfg: Config) -> None:
     if m.from_scratch and m.hidden_size % m.num_heads:
         raise ConfigError(f"model.hidden_size={m.hidden_size} must be divisible by model.num_heads={m.num_heads}")
     _validate_labels(cfg.label)
+    t = cfg.tokenize
+    if t.head_tokens and t.truncation != "head_tail":
+        raise ConfigError(f"tokenize.head_tokens={t.head_tokens} applies to tokenize.truncation=head_tail only "
+                          f"(got truncation={t.truncation}); drop it or set truncation=head_tail")
+    if t.head_tokens >= t.max_length:
+        raise ConfigError(f"tokenize.head_tokens={t.head_tokens} leaves no room for the tail within "
+                          f"tokenize.max_length={t.max_length}; keep it below max_length less the special tokens")
     if cfg.eval.bf16 and cfg.eval.precision not in ("fp32", "bf16"):
         raise ConfigError(f"eval.bf16=true (deprecated spelling of eval.precision=bf16) conflicts with "
                           f"eval.precision={cfg.eval.precision}; drop eval.bf16")

@@ -1,5 +1,9 @@
 """Tokenize stage: WordPiece or byte-level BPE ids with attention masks, truncated, never padded.
 
+Truncation (`tokenize.truncation`) keeps a long text's head (the default), its tail, or both ends
+(head_tail: Sun et al. 2019, "How to Fine-Tune BERT for Text Classification?"), with the special
+tokens of the tokenizer's template ([CLS] ... [SEP], or none for a byte-level BPE) in place.
+
 The tokenizer is either a pretrained one (its files copied into the artifact) or a new one trained
 here on the train split only, so validation/test text never shapes the vocabulary. Encoding uses
 the `tokenizers` library directly: fast batch encoding in Rust, and no torch import in prepare.
@@ -109,9 +113,76 @@ def build_tokenizer(train_texts, cfg: TokenizeConfig, pretrained: str, dest: Pat
         tok, specials = (_train_wordpiece if cfg.kind == "wordpiece" else _train_bpe)(train_texts, cfg)
         _save_trained(tok, specials, dest, cfg)
     tok.no_padding()  # padding happens per batch at training time
-    tok.enable_truncation(max_length=cfg.max_length)
-    tok.save(str(dest / "tokenizer.json"))  # the artifact encodes exactly as this stage did
+    # head_tail has no equivalent in tokenizers' settings: the artifact keeps the head (see _head_tail_encoder)
+    tok.enable_truncation(max_length=cfg.max_length, direction="left" if cfg.truncation == "tail" else "right")
+    tok.save(str(dest / "tokenizer.json"))  # the artifact encodes exactly as this stage did (head, tail)
     return tok
+
+
+def special_template(tok) -> tuple[list[int], list[int]]:
+    """The special ids the tokenizer's post-processor puts before and after one text's tokens:
+    ([CLS], [SEP]) for BERT's WordPiece, ([], []) for a byte-level BPE without a post-processor."""
+    probe = tok.encode("a", add_special_tokens=False)  # one token in any vocabulary ([UNK] at worst)
+    full = tok.post_process(probe)
+    content = [i for i, special in enumerate(full.special_tokens_mask) if not special]
+    return full.ids[: content[0]], full.ids[content[-1] + 1 :]
+
+
+def head_tail_ids(ids: list[int], prefix: list[int], suffix: list[int], budget: int, head: int) -> tuple[list[int], bool]:
+    """A text's content ids cut to `budget` tokens, `head` from its start and the rest from its end,
+    between the special ids; returns (ids, truncated). A text within budget is left whole."""
+    if len(ids) <= budget:
+        return prefix + ids + suffix, False
+    return prefix + ids[:head] + ids[len(ids) - (budget - head) :] + suffix, True
+
+
+def head_tokens(cfg: TokenizeConfig, budget: int) -> int:
+    """tokenize.head_tokens, or (0) Sun et al.'s 128 of 510 content tokens scaled to this budget."""
+    head = cfg.head_tokens or round(budget * 128 / 510)
+    if not 0 < head < budget:
+        raise ValueError(f"tokenize.head_tokens={head} leaves no tail: max_length={cfg.max_length} less the "
+                         f"special tokens is {budget} content tokens; keep head_tokens below {budget}")
+    return head
+
+
+def _head_tail_encoder(tok, cfg: TokenizeConfig):
+    """The batch function for truncation=head_tail: each text is encoded whole (linear in its length)
+    without special tokens, cut by `head_tail_ids`, and the template's specials put back around it."""
+    from tokenizers import Tokenizer
+
+    whole = Tokenizer.from_str(tok.to_str())
+    whole.no_truncation()
+    prefix, suffix = special_template(whole)  # probed untruncated: max_length cannot cut the probe
+    budget = cfg.max_length - len(prefix) - len(suffix)
+    head = head_tokens(cfg, budget)
+
+    def enc(batch):
+        cut = [head_tail_ids(e.ids, prefix, suffix, budget, head)
+               for e in whole.encode_batch(batch["text"], add_special_tokens=False)]
+        return {
+            "input_ids": [ids for ids, _ in cut], "attention_mask": [[1] * len(ids) for ids, _ in cut],
+            "length": [len(ids) for ids, _ in cut], "truncated": [t for _, t in cut],
+        }
+
+    return enc, head
+
+
+def _encoder(tok, cfg: TokenizeConfig):
+    """The stage's batch function (text -> ids, mask, length, truncated) and the head tokens it keeps
+    (None unless head_tail). head and tail are tokenizers' own truncation, right or left."""
+    if cfg.truncation == "head_tail":
+        return _head_tail_encoder(tok, cfg)
+
+    def enc(batch):
+        out = tok.encode_batch(batch["text"])
+        return {
+            "input_ids": [e.ids for e in out],
+            "attention_mask": [e.attention_mask for e in out],
+            "length": [len(e.ids) for e in out],
+            "truncated": [bool(e.overflowing) for e in out],
+        }
+
+    return enc, None
 
 
 def length_stats(lengths: list[int], truncated: list[bool]) -> dict:
@@ -135,16 +206,10 @@ def encode(dd, cfg: TokenizeConfig, ctx: StageContext) -> StageResult:
 
     tok = build_tokenizer(column(dd["train"], "text"), cfg, cfg.pretrained, ctx.out_dir / "tokenizer")
 
-    def enc(batch):
-        out = tok.encode_batch(batch["text"])
-        return {
-            "input_ids": [e.ids for e in out],
-            "attention_mask": [e.attention_mask for e in out],
-            "length": [len(e.ids) for e in out],
-            "truncated": [bool(e.overflowing) for e in out],
-        }
-
-    result, stats = {}, {"kind": cfg.kind, "vocab_size": tok.get_vocab_size(), "max_length": cfg.max_length}
+    enc, head = _encoder(tok, cfg)
+    result = {}
+    stats = {"kind": cfg.kind, "vocab_size": tok.get_vocab_size(), "max_length": cfg.max_length,
+             "truncation": cfg.truncation, **({"head_tokens": head} if head else {})}
     for s in SPLITS:
         mapped = ctx.engine.map_batches(dd[s], enc, encoded, batch_size=1000, desc=f"tokenize {s}")
         stats[s] = length_stats(column(mapped, "length"), column(mapped, "truncated"))
