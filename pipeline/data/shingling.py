@@ -22,8 +22,14 @@ _WORD = re.compile(r"\w+")
 
 
 def normalize_text(text: str) -> str:
-    """Casefolded, whitespace collapsed: the key of exact duplicates and of char shingles."""
-    return " ".join(text.casefold().split())
+    """Casefolded, whitespace collapsed (`" ".join(text.casefold().split())`): the key of exact
+    duplicates and of char shingles. Every whitespace character but " " is unprintable (a test
+    checks all code points), so a printable text without a doubled, leading or trailing space is
+    collapsed already: two scans in C instead of a list of words, most of the cost on long texts."""
+    folded = text.casefold()
+    if folded.isprintable() and "  " not in folded and folded[:1] != " " and folded[-1:] != " ":
+        return folded
+    return " ".join(folded.split())
 
 
 def shingles(text: str, unit: str, n: int) -> list[str]:
@@ -109,29 +115,45 @@ def text_hashes(texts: list[str]) -> np.ndarray:
     return _SpanHasher(cp)(starts[:-1], starts[1:])
 
 
-def _word_ngrams(texts: list[str], n: int, normalized: bool) -> tuple[np.ndarray, np.ndarray]:
-    folded = texts if normalized else [t.casefold() for t in texts]
-    cp, starts = _code_points(folded)
-    span = _SpanHasher(cp)
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + l) for each start s and length l, without a Python loop."""
+    return np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+
+
+def _word_spans(cp: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(W,) start and (W,) end of every word in the code points, no word crossing a text's start."""
     word = _is_word_char(cp)
     prev = np.concatenate(([False], word[:-1]))
     nxt = np.concatenate((word[1:], [False]))
     prev[starts[:-1][starts[:-1] < len(cp)]] = False  # a word never continues across texts
     nxt[starts[1:][starts[1:] > 0] - 1] = False
-    w_start, w_end = np.flatnonzero(word & ~prev), np.flatnonzero(word & ~nxt) + 1
-    w_hash = span(w_start, w_end)  # (W,) one hash per word
+    return np.flatnonzero(word & ~prev), np.flatnonzero(word & ~nxt) + 1
+
+
+def _word_ngrams(texts: list[str], n: int, normalized: bool) -> tuple[np.ndarray, np.ndarray]:
+    """An n-gram's hash chains its words' hashes: h = fmix64(h * GOLD + word), from h = 0. Chains of
+    k words are built from every word at once, k = 1..n (array shifts, no gather per shingle); a
+    text of fewer than n words takes its one chain of all its words."""
+    folded = texts if normalized else [t.casefold() for t in texts]
+    cp, starts = _code_points(folded)
+    w_start, w_end = _word_spans(cp, starts)
+    w_hash = _SpanHasher(cp)(w_start, w_end)  # (W,) one hash per word
     w_first = np.searchsorted(w_start, starts)  # (N+1,) index of each text's first word
     n_words = np.diff(w_first)
     count = np.maximum(n_words - n + 1, 1)  # shingles per text
     offsets = np.zeros(len(texts) + 1, dtype=np.int64)
     np.cumsum(count, out=offsets[1:])
-    doc = np.repeat(np.arange(len(texts)), count)
-    first = w_first[:-1][doc] + np.arange(offsets[-1]) - offsets[:-1][doc]  # first word of each shingle
-    width = np.minimum(n_words, n)[doc]  # words per shingle (fewer for short texts)
-    h = np.zeros(len(doc), dtype=U64)
-    for k in range(n):
-        m = k < width
-        h[m] = fmix64(h[m] * GOLD + w_hash[first[m] + k])
+    short = np.flatnonzero((n_words < n) & (n_words > 0))
+    fills, chain = [], fmix64(w_hash)  # (W - k + 1,) chains of k words, from each word
+    for k in range(1, n + 1):
+        if k > 1:
+            chain = fmix64(chain[:-1] * GOLD + w_hash[k - 1 :])
+        at = short[n_words[short] == k]
+        fills.append((offsets[at], chain[w_first[at]]))
+    first = _ranges(w_first[:-1], count)  # (S,) first word of each shingle
+    h = chain.take(first, mode="clip") if len(chain) else np.zeros(len(first), dtype=U64)
+    for at, value in fills:
+        h[at] = value
     empty = np.flatnonzero(n_words == 0)  # no word character: the whole normalized text
     if len(empty):
         h[offsets[empty]] = text_hashes([normalize_text(texts[i]) for i in empty])
