@@ -30,7 +30,8 @@ import numpy as np
 from pipeline.data.shingling import GOLD, U64, _ranges, fmix64, shingle_hashes
 from pipeline.data.shingling import normalize_text, shingles, text_hashes  # noqa: F401 - part of this module's API
 
-_SIGNATURE_BLOCK = 1 << 21  # uint32 values per signature block (8 MiB, in the last-level cache)
+_SIGNATURE_BLOCK = 1 << 20  # uint32 values per signature block: 4 MiB; a block of 2^17 costs ~3x more
+# (each ufunc call loops over P rows), one of 2^22 ~2x (out of cache): bench/RESULTS.md
 _MIN_DOCS_PER_PROC = 2000  # below this a worker process costs more than it saves
 _SORTED_PER_BLOCK = 1 << 22  # shingle ranks sorted at once by ShingleSets.jaccard: 32 MiB of int64
 
@@ -208,22 +209,27 @@ def exact_jaccard(sk: Sketch, pairs: np.ndarray) -> np.ndarray:
     return ShingleSets(sk, pairs).jaccard(pairs)
 
 
-def _equal_hashes_together(hashes: np.ndarray) -> np.ndarray:
-    """(U,) int64 permutation that puts equal hashes next to each other, for one plain sort of
-    uint64 (a SIMD sort; argsort costs ~6x more): each hash's index replaces its low `bits` bits.
-    Two different hashes can then only interleave if their other bits agree (chance ~U^2 / 2^65
-    among U hashes); such runs, if any, are put in order by the whole hash, so the grouping is exact."""
+def _hash_runs(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(U,) int64 permutation that puts equal hashes next to each other, and (U,) bool, True where
+    a new hash starts in that order. One plain sort of uint64 (a SIMD sort; argsort costs ~6x
+    more): each hash's index replaces its low `bits` bits. Two different hashes can then only
+    interleave if their other bits agree (chance ~U^2 / 2^65 among U hashes); such runs, if any,
+    are put in order by the whole hash, so the grouping is exact."""
     bits = max(1, (len(hashes) - 1).bit_length())
     mask = U64((1 << bits) - 1)
-    order = (np.sort((hashes & ~mask) | np.arange(len(hashes), dtype=U64)) & mask).astype(np.int64)
+    keys = np.sort((hashes & ~mask) | np.arange(len(hashes), dtype=U64))
+    order = (keys & mask).astype(np.int64)
     ordered = hashes[order]
-    same_top = (ordered[1:] & ~mask) == (ordered[:-1] & ~mask)
-    mixed = same_top & (ordered[1:] != ordered[:-1])
-    if mixed.any():
-        run = np.cumsum(np.concatenate(([True], ~same_top)))  # (U,) run of equal top bits
-        at = np.flatnonzero(np.isin(run, run[1:][mixed]))
+    new = np.ones(len(hashes), dtype=bool)
+    new[1:] = ordered[1:] != ordered[:-1]
+    same_top = (keys[1:] ^ keys[:-1]) <= mask
+    if (new[1:] & same_top).any():
+        run = np.concatenate(([0], np.cumsum(~same_top)))  # (U,) run of equal top bits
+        at = np.flatnonzero(np.isin(run, run[1:][new[1:] & same_top]))
         order[at] = order[at][np.lexsort((ordered[at], run[at]))]
-    return order
+        ordered = hashes[order]
+        new[1:] = ordered[1:] != ordered[:-1]
+    return order, new
 
 
 class ShingleSets:
@@ -236,10 +242,7 @@ class ShingleSets:
         self.rows = np.unique(rows)  # (T,) sketch rows
         counts = sk.offsets[self.rows + 1] - sk.offsets[self.rows]
         hashes = sk.hashes[_ranges(sk.offsets[self.rows], counts)]
-        order = _equal_hashes_together(hashes)
-        ordered = hashes[order]
-        new = np.ones(len(hashes), dtype=bool)  # starts a run of equal hashes
-        new[1:] = ordered[1:] != ordered[:-1]
+        order, new = _hash_runs(hashes)
         self.bits = max(1, int(new.sum()).bit_length())  # a rank fits in the low `bits` bits
         owner = np.repeat(np.arange(len(self.rows)), counts)[order]
         keys = np.sort((owner << self.bits) | (np.cumsum(new) - 1))  # by text, then by rank

@@ -17,19 +17,27 @@ U64 = np.uint64
 _K = 0x100000001B3  # odd multiplier of the polynomial code-point hash (invertible mod 2^64)
 _K_INV = pow(_K, -1, 1 << 64)
 GOLD = U64(0x9E3779B97F4A7C15)  # chains word hashes into an n-gram hash
-_BATCH_CHARS = 1 << 21  # code points hashed per batch: bounds memory (~10 arrays of 8 bytes each)
+_BATCH_CHARS = 1 << 18  # code points hashed per batch: its ~10 arrays of 8 bytes each stay in cache
+# (2^18 to 2^21 cost the same within ~15% on a loaded machine; 2^15 ~1.4x: bench/RESULTS.md)
 _WORD = re.compile(r"\w+")
+# every character str.split() splits on but " " (tested against all code points)
+_OTHER_SPACES = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
 
 
 def normalize_text(text: str) -> str:
     """Casefolded, whitespace collapsed (`" ".join(text.casefold().split())`): the key of exact
-    duplicates and of char shingles. Every whitespace character but " " is unprintable (a test
-    checks all code points), so a printable text without a doubled, leading or trailing space is
-    collapsed already: two scans in C instead of a list of words, most of the cost on long texts."""
+    duplicates and of char shingles. Done as every whitespace character -> " ", runs of " " -> one,
+    ends stripped: a few scans and copies in C instead of a list of words (most of the cost on
+    long texts). " " is the one printable whitespace character (a test checks all code points),
+    so a printable text has no other."""
     folded = text.casefold()
-    if folded.isprintable() and "  " not in folded and folded[:1] != " " and folded[-1:] != " ":
-        return folded
-    return " ".join(folded.split())
+    if not folded.isprintable():
+        for space in _OTHER_SPACES:
+            if space in folded:
+                folded = folded.replace(space, " ")
+    while "  " in folded:
+        folded = folded.replace("  ", " ")
+    return folded.strip(" ")
 
 
 def shingles(text: str, unit: str, n: int) -> list[str]:
@@ -47,12 +55,17 @@ def shingles(text: str, unit: str, n: int) -> list[str]:
 
 
 def fmix64(h: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 64-bit finalizer: a bijection that spreads every input bit (wraps mod 2^64)."""
-    h = h ^ (h >> U64(33))
-    h = h * U64(0xFF51AFD7ED558CCD)
-    h = h ^ (h >> U64(33))
-    h = h * U64(0xC4CEB9FE1A85EC53)
-    return h ^ (h >> U64(33))
+    """MurmurHash3's 64-bit finalizer: a bijection that spreads every input bit (wraps mod 2^64).
+    A new array; after its first step it works in place (two arrays allocated, not seven)."""
+    shifted = h >> U64(33)
+    h = h ^ shifted
+    h *= U64(0xFF51AFD7ED558CCD)
+    np.right_shift(h, U64(33), out=shifted)
+    h ^= shifted
+    h *= U64(0xC4CEB9FE1A85EC53)
+    np.right_shift(h, U64(33), out=shifted)
+    h ^= shifted
+    return h
 
 
 @functools.cache
@@ -66,7 +79,7 @@ def _bmp_word_chars() -> np.ndarray:
 
 
 def _is_word_char(cp: np.ndarray) -> np.ndarray:
-    out = _bmp_word_chars()[np.minimum(cp, 65535)]
+    out = _bmp_word_chars().take(cp, mode="clip")  # U+FFFF, where higher ones clip to, is no word char
     high = cp > 65535  # emoji, rare scripts: look up only the distinct ones
     if high.any():
         uniq, inv = np.unique(cp[high], return_inverse=True)
@@ -94,7 +107,8 @@ class _SpanHasher:
         n = len(cp)
         powers, self.inv = _powers(1 << n.bit_length())  # at least n+1 entries
         self.prefix = np.zeros(n + 1, dtype=U64)  # (C+1,) sum_{j<i} cp[j] * K^j
-        np.cumsum(cp * powers[:n], out=self.prefix[1:])
+        np.multiply(cp, powers[:n], out=self.prefix[1:])
+        np.cumsum(self.prefix[1:], out=self.prefix[1:])
 
     def __call__(self, s: np.ndarray, e: np.ndarray) -> np.ndarray:
         raw = (self.prefix[e] - self.prefix[s]) * self.inv[s]

@@ -10,7 +10,7 @@ import pytest
 from datasketch import LeanMinHash, MinHash, MinHashLSH
 
 from pipeline.config import DedupConfig
-from pipeline.data import minhash
+from pipeline.data import minhash, shingling
 
 HORRIBLE = [
     "  Hello \t World  ", "", "   ", "!!!", "a\u2003b\n\nc ", "Straße STRASSE ẞ", "x",
@@ -48,12 +48,16 @@ def test_shingles_word_and_char_with_short_texts():
     assert minhash.shingles("ab", "char", 3) == ["ab"]
 
 
-def test_normalize_text_is_casefold_split_join_and_its_shortcut_holds_for_every_code_point():
-    texts = HORRIBLE + ["a  b", " a", "a ", "a\xa0b", "A\u2003B", "x\u3000", "tab\there", "ok text", "ẞ", "a\x85b"]
-    for t in texts + [t.upper() for t in texts]:
+def test_normalize_text_is_casefold_split_join_for_every_kind_of_space():
+    texts = HORRIBLE + ["a  b", " a", "a ", "a\xa0b", "A\u2003B", "x\u3000", "tab\there", "ok text", "ẞ",
+                        "a\x85b", "\r\n x \r\n", "a" + " " * 1000 + "b", "\x8a mojibake\x9d  \u2028end "]
+    for t in texts + [t.upper() for t in texts] + ["".join(texts)]:
         assert minhash.normalize_text(t) == " ".join(t.casefold().split()), repr(t)
-    # the shortcut's premise: " " is the one printable whitespace character
-    assert [c for c in range(sys.maxunicode + 1) if chr(c).isspace() and chr(c).isprintable()] == [32]
+    # what its scans rely on: the characters str.split() splits on are " " and _OTHER_SPACES, and
+    # " " is the one printable one
+    splits = [chr(c) for c in range(sys.maxunicode + 1) if len(f"a{chr(c)}b".split()) == 2]
+    assert sorted(splits) == sorted(" " + shingling._OTHER_SPACES)
+    assert [c for c in splits if c.isprintable()] == [" "]
 
 
 @pytest.mark.parametrize("unit,n", [("word", 3), ("word", 1), ("char", 5), ("char", 2)])
