@@ -50,17 +50,22 @@ def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _fmix32(h: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 32-bit finalizer, as datasketch applies it before its permutations."""
-    h = h ^ (h >> np.uint32(16))
-    h = h * np.uint32(0x85EBCA6B)
-    h = h ^ (h >> np.uint32(13))
-    h = h * np.uint32(0xC2B2AE35)
-    return h ^ (h >> np.uint32(16))
+    """MurmurHash3's 32-bit finalizer, as datasketch applies it before its permutations (in place
+    after its first step: two arrays allocated, not nine)."""
+    shifted = h >> np.uint32(16)
+    h = h ^ shifted
+    h *= np.uint32(0x85EBCA6B)
+    np.right_shift(h, np.uint32(13), out=shifted)
+    h ^= shifted
+    h *= np.uint32(0xC2B2AE35)
+    np.right_shift(h, np.uint32(16), out=shifted)
+    h ^= shifted
+    return h
 
 
 def hash32(hashes: np.ndarray) -> np.ndarray:
     """The 32-bit shingle hash the signatures are built from (what datasketch's `hashfunc` returns)."""
-    return (hashes & U64(0xFFFFFFFF)).astype(np.uint32)
+    return hashes.astype(np.uint32)  # the low 32 bits: a cast to a narrower unsigned type wraps
 
 
 def signatures_from_hashes(hashes: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int) -> np.ndarray:
