@@ -23,6 +23,8 @@ Settings for all: word 3-gram shingles, 128 permutations, thresholds 0.5 and 0.8
   duplicates, vectorized signatures, LSH, exact-Jaccard check of candidates, union-find, report.
 A last row times rensa's sketch + LSH alone, its shingle lists made outside the clock: a bound no
 user reaches from raw text, shown so that the shingling's share is visible.
+After the table, one line: `minhash.sketch` of one ~5 MB text (tweets joined) against the same
+words as 1,000-word texts, CPU seconds: a long row must cost what its words cost elsewhere.
 
 Speed is docs per CPU-second of this process (time.process_time: less disturbed by other work on
 a shared machine than wall time), after a warm-up on 500 texts; the stage and rensa take the median
@@ -252,6 +254,18 @@ def compare(name: str, texts: list[str], cfg: DedupConfig, repeat: int) -> list[
     ]
 
 
+def long_row(corpus: list[str], cfg: DedupConfig, chars: int = 5_000_000) -> str:
+    """CPU seconds of sketching one `chars`-long text and the same words as 1,000-word texts."""
+    text = " ".join(corpus)
+    text = (text + " ") * (chars // len(text) + 1)  # the corpus again if it is shorter
+    words = text[:chars].split()
+    pieces = [" ".join(words[i : i + 1000]) for i in range(0, len(words), 1000)]
+    one = timed(lambda: minhash.sketch([" ".join(words)], cfg))[1]
+    many = timed(lambda: minhash.sketch(pieces, cfg))[1]
+    size = len(" ".join(words)) / 1e6
+    return f"one {size:.1f} MB row ({len(words):,} words): sketch {one:.2f} CPU-s; the same words as {len(pieces):,} rows: {many:.2f} CPU-s"
+
+
 def machine() -> str:
     info = Path("/proc/cpuinfo").read_text()
     cpu = re.search(r"model name\s*:\s*(.*)", info)
@@ -278,6 +292,7 @@ def main() -> None:
     for name, texts in corpora.items():
         for threshold in (0.5, 0.8):
             lines += compare(name, texts, dataclasses.replace(base, threshold=threshold), args.repeat)
+    lines += ["", long_row(corpus, base)]
     print("\n".join(lines))
 
 

@@ -27,10 +27,11 @@ from multiprocessing import get_context
 
 import numpy as np
 
-from pipeline.data.shingling import GOLD, U64, fmix64, shingle_hashes
+from pipeline.data.shingling import GOLD, U64, _ranges, fmix64, shingle_hashes
 from pipeline.data.shingling import normalize_text, shingles, text_hashes  # noqa: F401 - part of this module's API
 
-_DOCS_PER_BLOCK = 1024  # signature block: (1024, P) uint32 accumulators stay in cache
+_SIGNATURE_BLOCK = 1 << 20  # uint32 values per signature block: 4 MiB; a block of 2^17 costs ~3x more
+# (each ufunc call loops over P rows), one of 2^22 ~2x (out of cache): bench/RESULTS.md
 _MIN_DOCS_PER_PROC = 2000  # below this a worker process costs more than it saves
 _SORTED_PER_BLOCK = 1 << 22  # shingle ranks sorted at once by ShingleSets.jaccard: 32 MiB of int64
 
@@ -49,43 +50,50 @@ def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _fmix32(h: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 32-bit finalizer, as datasketch applies it before its permutations."""
-    h = h ^ (h >> np.uint32(16))
-    h = h * np.uint32(0x85EBCA6B)
-    h = h ^ (h >> np.uint32(13))
-    h = h * np.uint32(0xC2B2AE35)
-    return h ^ (h >> np.uint32(16))
+    """MurmurHash3's 32-bit finalizer, as datasketch applies it before its permutations (in place
+    after its first step: two arrays allocated, not nine)."""
+    shifted = h >> np.uint32(16)
+    h = h ^ shifted
+    h *= np.uint32(0x85EBCA6B)
+    np.right_shift(h, np.uint32(13), out=shifted)
+    h ^= shifted
+    h *= np.uint32(0xC2B2AE35)
+    np.right_shift(h, np.uint32(16), out=shifted)
+    h ^= shifted
+    return h
 
 
 def hash32(hashes: np.ndarray) -> np.ndarray:
     """The 32-bit shingle hash the signatures are built from (what datasketch's `hashfunc` returns)."""
-    return (hashes & U64(0xFFFFFFFF)).astype(np.uint32)
+    return hashes.astype(np.uint32)  # the low 32 bits: a cast to a narrower unsigned type wraps
 
 
 def signatures_from_hashes(hashes: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int) -> np.ndarray:
-    """(N, P) uint32 MinHash signatures from shingle hashes (S,) and offsets (N+1,).
+    """(N, P) uint32 MinHash signatures from shingle hashes (S,) and offsets (N+1,); a text
+    without shingles keeps datasketch's empty value 2^32 - 1 everywhere.
 
-    Texts are sorted by shingle count and processed in blocks padded to the block's longest text
-    (padding repeats a text's last shingle, which leaves its minimum unchanged); per shingle position
-    one (block, P) multiply-add-minimum, so every permutation runs at once in numpy.
+    The shingles are taken in chunks of _SIGNATURE_BLOCK // P, whatever texts they belong to:
+    per chunk one (P, chunk) multiply and add give every permutation of every shingle, and one
+    `minimum.reduceat` along the rows gives each text's minimum over its run of the chunk, folded
+    into its signature (a text crossing a chunk edge is folded once per chunk). The work is linear
+    in S, so one 5 MB text costs what the same shingles in many short texts cost.
     """
     a, b = permutations(num_perm, seed)
+    a, b = a[:, None], b[:, None]  # (P, 1)
     h = _fmix32(hash32(hashes))
-    counts = np.diff(offsets)
-    order = np.argsort(counts, kind="stable")
-    sig = np.empty((len(counts), num_perm), dtype=np.uint32)
-    for s in range(0, len(order), _DOCS_PER_BLOCK):
-        idx = order[s : s + _DOCS_PER_BLOCK]
-        c = counts[idx]
-        pos = offsets[idx][:, None] + np.minimum(np.arange(c[-1]), c[:, None] - 1)  # (m, longest)
-        block = h[pos]
-        acc = np.full((len(idx), num_perm), 0xFFFFFFFF, dtype=np.uint32)
-        tmp = np.empty_like(acc)
-        for k in range(block.shape[1]):
-            np.multiply(block[:, k, None], a, out=tmp)
-            np.add(tmp, b, out=tmp)
-            np.minimum(acc, tmp, out=acc)
-        sig[idx] = acc
+    sig = np.full((len(offsets) - 1, num_perm), 0xFFFFFFFF, dtype=np.uint32)
+    chunk = max(1, _SIGNATURE_BLOCK // num_perm)
+    block = np.empty((num_perm, min(chunk, len(h))), dtype=np.uint32)
+    for s in range(0, len(h), chunk):
+        e = min(s + chunk, len(h))
+        # the text holding shingle s, up to the last one starting before e, less the empty ones
+        docs = np.arange(np.searchsorted(offsets, s, side="right") - 1, np.searchsorted(offsets, e))
+        docs = docs[offsets[docs + 1] > offsets[docs]]
+        t = block[:, : e - s]
+        np.multiply(a, h[None, s:e], out=t)
+        np.add(t, b, out=t)
+        part = np.minimum.reduceat(t, np.maximum(offsets[docs], s) - s, axis=1)  # (P, texts)
+        sig[docs] = np.minimum(sig[docs], part.T)
     return sig
 
 
@@ -206,9 +214,32 @@ def exact_jaccard(sk: Sketch, pairs: np.ndarray) -> np.ndarray:
     return ShingleSets(sk, pairs).jaccard(pairs)
 
 
+def _hash_runs(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(U,) int64 permutation that puts equal hashes next to each other, and (U,) bool, True where
+    a new hash starts in that order. One plain sort of uint64 (a SIMD sort; argsort costs ~6x
+    more): each hash's index replaces its low `bits` bits. Two different hashes can then only
+    interleave if their other bits agree (chance ~U^2 / 2^65 among U hashes); such runs, if any,
+    are put in order by the whole hash, so the grouping is exact."""
+    bits = max(1, (len(hashes) - 1).bit_length())
+    mask = U64((1 << bits) - 1)
+    keys = np.sort((hashes & ~mask) | np.arange(len(hashes), dtype=U64))
+    order = (keys & mask).astype(np.int64)
+    ordered = hashes[order]
+    new = np.ones(len(hashes), dtype=bool)
+    new[1:] = ordered[1:] != ordered[:-1]
+    same_top = (keys[1:] ^ keys[:-1]) <= mask
+    if (new[1:] & same_top).any():
+        run = np.concatenate(([0], np.cumsum(~same_top)))  # (U,) run of equal top bits
+        at = np.flatnonzero(np.isin(run, run[1:][new[1:] & same_top]))
+        order[at] = order[at][np.lexsort((ordered[at], run[at]))]
+        ordered = hashes[order]
+        new[1:] = ordered[1:] != ordered[:-1]
+    return order, new
+
+
 class ShingleSets:
     """The distinct shingles of some sketched texts as dense ranks (U,), sorted within each text,
-    with offsets (T+1,). Built once (one argsort of their hashes), they give the exact Jaccard of
+    with offsets (T+1,). Built once (one sort of their hashes), they give the exact Jaccard of
     any pairs among those texts for one sort of the pairs' ranks, so the check of the candidates
     and the report's similarities share the work."""
 
@@ -216,9 +247,7 @@ class ShingleSets:
         self.rows = np.unique(rows)  # (T,) sketch rows
         counts = sk.offsets[self.rows + 1] - sk.offsets[self.rows]
         hashes = sk.hashes[_ranges(sk.offsets[self.rows], counts)]
-        order = np.argsort(hashes)
-        new = np.ones(len(hashes), dtype=bool)  # starts a run of equal hashes in sorted order
-        new[1:] = hashes[order][1:] != hashes[order][:-1]
+        order, new = _hash_runs(hashes)
         self.bits = max(1, int(new.sum()).bit_length())  # a rank fits in the low `bits` bits
         owner = np.repeat(np.arange(len(self.rows)), counts)[order]
         keys = np.sort((owner << self.bits) | (np.cumsum(new) - 1))  # by text, then by rank
@@ -231,7 +260,9 @@ class ShingleSets:
 
     def jaccard(self, pairs: np.ndarray) -> np.ndarray:
         """(K,) exact Jaccard of each pair of rows (all among `rows`). Per block of pairs, both
-        texts' ranks tagged with the pair's index and sorted: a repeat is a shared shingle."""
+        texts' ranks tagged with the pair's index and sorted: a repeat is a shared shingle. Each
+        text's ranks are sorted already, so the keys are runs that a stable sort (timsort) merges
+        in about linear time, ~4x faster here than a SIMD quicksort."""
         pos = np.searchsorted(self.rows, pairs).reshape(-1, 2)  # (K, 2) into offsets
         size = self.offsets[pos + 1] - self.offsets[pos]  # (K, 2) distinct shingles per text
         shared = np.zeros(len(pos), dtype=np.int64)
@@ -239,14 +270,9 @@ class ShingleSets:
         for s in range(0, len(pos), block):
             p, sz = pos[s : s + block], size[s : s + block]
             src = _ranges(self.offsets[p].ravel(), sz.ravel())  # text i's ranks, then text j's
-            keys = np.sort((np.repeat(np.arange(len(p)), sz.sum(axis=1)) << self.bits) | self.ranks[src])
+            keys = np.sort((np.repeat(np.arange(len(p)), sz.sum(axis=1)) << self.bits) | self.ranks[src], kind="stable")
             shared[s : s + block] = np.bincount(keys[1:][keys[1:] == keys[:-1]] >> self.bits, minlength=len(p))
         return shared / (size.sum(axis=1) - shared)
-
-
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenation of arange(s, s + l) for each start s and length l, without a Python loop."""
-    return np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
 
 
 def estimated_jaccard(sig: np.ndarray, pairs: np.ndarray) -> np.ndarray:

@@ -17,13 +17,27 @@ U64 = np.uint64
 _K = 0x100000001B3  # odd multiplier of the polynomial code-point hash (invertible mod 2^64)
 _K_INV = pow(_K, -1, 1 << 64)
 GOLD = U64(0x9E3779B97F4A7C15)  # chains word hashes into an n-gram hash
-_BATCH_CHARS = 1 << 21  # code points hashed per batch: bounds memory (~10 arrays of 8 bytes each)
+_BATCH_CHARS = 1 << 18  # code points hashed per batch: its ~10 arrays of 8 bytes each stay in cache
+# (2^18 to 2^21 cost the same within ~15% on a loaded machine; 2^15 ~1.4x: bench/RESULTS.md)
 _WORD = re.compile(r"\w+")
+# every character str.split() splits on but " " (tested against all code points)
+_OTHER_SPACES = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
 
 
 def normalize_text(text: str) -> str:
-    """Casefolded, whitespace collapsed: the key of exact duplicates and of char shingles."""
-    return " ".join(text.casefold().split())
+    """Casefolded, whitespace collapsed (`" ".join(text.casefold().split())`): the key of exact
+    duplicates and of char shingles. Done as every whitespace character -> " ", runs of " " -> one,
+    ends stripped: a few scans and copies in C instead of a list of words (most of the cost on
+    long texts). " " is the one printable whitespace character (a test checks all code points),
+    so a printable text has no other."""
+    folded = text.casefold()
+    if not folded.isprintable():
+        for space in _OTHER_SPACES:
+            if space in folded:
+                folded = folded.replace(space, " ")
+    while "  " in folded:
+        folded = folded.replace("  ", " ")
+    return folded.strip(" ")
 
 
 def shingles(text: str, unit: str, n: int) -> list[str]:
@@ -41,12 +55,17 @@ def shingles(text: str, unit: str, n: int) -> list[str]:
 
 
 def fmix64(h: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 64-bit finalizer: a bijection that spreads every input bit (wraps mod 2^64)."""
-    h = h ^ (h >> U64(33))
-    h = h * U64(0xFF51AFD7ED558CCD)
-    h = h ^ (h >> U64(33))
-    h = h * U64(0xC4CEB9FE1A85EC53)
-    return h ^ (h >> U64(33))
+    """MurmurHash3's 64-bit finalizer: a bijection that spreads every input bit (wraps mod 2^64).
+    A new array; after its first step it works in place (two arrays allocated, not seven)."""
+    shifted = h >> U64(33)
+    h = h ^ shifted
+    h *= U64(0xFF51AFD7ED558CCD)
+    np.right_shift(h, U64(33), out=shifted)
+    h ^= shifted
+    h *= U64(0xC4CEB9FE1A85EC53)
+    np.right_shift(h, U64(33), out=shifted)
+    h ^= shifted
+    return h
 
 
 @functools.cache
@@ -60,7 +79,7 @@ def _bmp_word_chars() -> np.ndarray:
 
 
 def _is_word_char(cp: np.ndarray) -> np.ndarray:
-    out = _bmp_word_chars()[np.minimum(cp, 65535)]
+    out = _bmp_word_chars().take(cp, mode="clip")  # U+FFFF, where higher ones clip to, is no word char
     high = cp > 65535  # emoji, rare scripts: look up only the distinct ones
     if high.any():
         uniq, inv = np.unique(cp[high], return_inverse=True)
@@ -88,7 +107,8 @@ class _SpanHasher:
         n = len(cp)
         powers, self.inv = _powers(1 << n.bit_length())  # at least n+1 entries
         self.prefix = np.zeros(n + 1, dtype=U64)  # (C+1,) sum_{j<i} cp[j] * K^j
-        np.cumsum(cp * powers[:n], out=self.prefix[1:])
+        np.multiply(cp, powers[:n], out=self.prefix[1:])
+        np.cumsum(self.prefix[1:], out=self.prefix[1:])
 
     def __call__(self, s: np.ndarray, e: np.ndarray) -> np.ndarray:
         raw = (self.prefix[e] - self.prefix[s]) * self.inv[s]
@@ -109,29 +129,45 @@ def text_hashes(texts: list[str]) -> np.ndarray:
     return _SpanHasher(cp)(starts[:-1], starts[1:])
 
 
-def _word_ngrams(texts: list[str], n: int, normalized: bool) -> tuple[np.ndarray, np.ndarray]:
-    folded = texts if normalized else [t.casefold() for t in texts]
-    cp, starts = _code_points(folded)
-    span = _SpanHasher(cp)
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + l) for each start s and length l, without a Python loop."""
+    return np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+
+
+def _word_spans(cp: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(W,) start and (W,) end of every word in the code points, no word crossing a text's start."""
     word = _is_word_char(cp)
     prev = np.concatenate(([False], word[:-1]))
     nxt = np.concatenate((word[1:], [False]))
     prev[starts[:-1][starts[:-1] < len(cp)]] = False  # a word never continues across texts
     nxt[starts[1:][starts[1:] > 0] - 1] = False
-    w_start, w_end = np.flatnonzero(word & ~prev), np.flatnonzero(word & ~nxt) + 1
-    w_hash = span(w_start, w_end)  # (W,) one hash per word
+    return np.flatnonzero(word & ~prev), np.flatnonzero(word & ~nxt) + 1
+
+
+def _word_ngrams(texts: list[str], n: int, normalized: bool) -> tuple[np.ndarray, np.ndarray]:
+    """An n-gram's hash chains its words' hashes: h = fmix64(h * GOLD + word), from h = 0. Chains of
+    k words are built from every word at once, k = 1..n (array shifts, no gather per shingle); a
+    text of fewer than n words takes its one chain of all its words."""
+    folded = texts if normalized else [t.casefold() for t in texts]
+    cp, starts = _code_points(folded)
+    w_start, w_end = _word_spans(cp, starts)
+    w_hash = _SpanHasher(cp)(w_start, w_end)  # (W,) one hash per word
     w_first = np.searchsorted(w_start, starts)  # (N+1,) index of each text's first word
     n_words = np.diff(w_first)
     count = np.maximum(n_words - n + 1, 1)  # shingles per text
     offsets = np.zeros(len(texts) + 1, dtype=np.int64)
     np.cumsum(count, out=offsets[1:])
-    doc = np.repeat(np.arange(len(texts)), count)
-    first = w_first[:-1][doc] + np.arange(offsets[-1]) - offsets[:-1][doc]  # first word of each shingle
-    width = np.minimum(n_words, n)[doc]  # words per shingle (fewer for short texts)
-    h = np.zeros(len(doc), dtype=U64)
-    for k in range(n):
-        m = k < width
-        h[m] = fmix64(h[m] * GOLD + w_hash[first[m] + k])
+    short = np.flatnonzero((n_words < n) & (n_words > 0))
+    fills, chain = [], fmix64(w_hash)  # (W - k + 1,) chains of k words, from each word
+    for k in range(1, n + 1):
+        if k > 1:
+            chain = fmix64(chain[:-1] * GOLD + w_hash[k - 1 :])
+        at = short[n_words[short] == k]
+        fills.append((offsets[at], chain[w_first[at]]))
+    first = _ranges(w_first[:-1], count)  # (S,) first word of each shingle
+    h = chain.take(first, mode="clip") if len(chain) else np.zeros(len(first), dtype=U64)
+    for at, value in fills:
+        h[at] = value
     empty = np.flatnonzero(n_words == 0)  # no word character: the whole normalized text
     if len(empty):
         h[offsets[empty]] = text_hashes([normalize_text(texts[i]) for i in empty])

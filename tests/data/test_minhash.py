@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
 from datasketch import LeanMinHash, MinHash, MinHashLSH
 
 from pipeline.config import DedupConfig
-from pipeline.data import minhash
+from pipeline.data import minhash, shingling
 
 HORRIBLE = [
     "  Hello \t World  ", "", "   ", "!!!", "a\u2003b\n\nc ", "Straße STRASSE ẞ", "x",
@@ -47,6 +48,18 @@ def test_shingles_word_and_char_with_short_texts():
     assert minhash.shingles("ab", "char", 3) == ["ab"]
 
 
+def test_normalize_text_is_casefold_split_join_for_every_kind_of_space():
+    texts = HORRIBLE + ["a  b", " a", "a ", "a\xa0b", "A\u2003B", "x\u3000", "tab\there", "ok text", "ẞ",
+                        "a\x85b", "\r\n x \r\n", "a" + " " * 1000 + "b", "\x8a mojibake\x9d  \u2028end "]
+    for t in texts + [t.upper() for t in texts] + ["".join(texts)]:
+        assert minhash.normalize_text(t) == " ".join(t.casefold().split()), repr(t)
+    # what its scans rely on: the characters str.split() splits on are " " and _OTHER_SPACES, and
+    # " " is the one printable one
+    splits = [chr(c) for c in range(sys.maxunicode + 1) if len(f"a{chr(c)}b".split()) == 2]
+    assert sorted(splits) == sorted(" " + shingling._OTHER_SPACES)
+    assert [c for c in splits if c.isprintable()] == [" "]
+
+
 @pytest.mark.parametrize("unit,n", [("word", 3), ("word", 1), ("char", 5), ("char", 2)])
 def test_shingle_hashes_agree_with_shingle_strings(unit, n):
     texts = HORRIBLE + make_texts(20, words=8)
@@ -79,6 +92,30 @@ def test_signatures_are_bit_identical_to_datasketch():
         m = MinHash(num_perm=64, seed=7, hashfunc=lambda x: x)
         m.update_batch(minhash.hash32(hashes[offsets[i] : offsets[i + 1]]).tolist())
         np.testing.assert_array_equal(sig[i], m.hashvalues)
+
+
+def slow_signatures(hashes: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int) -> np.ndarray:
+    """The definition: per text, the minimum over its shingles of every permutation (uint64 math)."""
+    a, b = (x.astype(np.uint64) for x in minhash.permutations(num_perm, seed))
+    h = minhash._fmix32(minhash.hash32(hashes)).astype(np.uint64)
+    sig = np.full((len(offsets) - 1, num_perm), 0xFFFFFFFF, dtype=np.uint64)
+    for d in range(len(offsets) - 1):
+        for x in h[offsets[d] : offsets[d + 1]].tolist():
+            sig[d] = np.minimum(sig[d], (a * np.uint64(x) + b) & np.uint64(0xFFFFFFFF))
+    return sig.astype(np.uint32)
+
+
+@pytest.mark.parametrize("block", [16 * 4, 100 * 4, 1 << 21])  # chunks of 4, 100 and all shingles at P = 16
+def test_signatures_in_chunks_equal_the_definition_with_empty_and_long_texts(monkeypatch, block):
+    rng = np.random.default_rng(2)
+    lengths = [0, 3, 1, 0, 0, 250, 7, 4, 0, 1, 33, 0]  # empty texts inside, at the end, across chunk edges
+    hashes = rng.integers(0, 2**63, sum(lengths), dtype=np.uint64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    monkeypatch.setattr(minhash, "_SIGNATURE_BLOCK", block)
+    sig = minhash.signatures_from_hashes(hashes, offsets, 16, seed=3)
+    np.testing.assert_array_equal(sig, slow_signatures(hashes, offsets, 16, seed=3))
+    assert (sig[[0, 3, 4, 8, 11]] == 0xFFFFFFFF).all()  # empty: datasketch's empty MinHash values
+    assert minhash.signatures_from_hashes(hashes[:0], np.zeros(3, dtype=np.int64), 16, 3).shape == (2, 16)
 
 
 def test_jaccard_estimate_within_binomial_tolerance():
@@ -133,6 +170,19 @@ def test_exact_jaccard_in_small_blocks_and_shared_sets(monkeypatch):
     np.testing.assert_array_equal(sets.jaccard(pairs), minhash.exact_jaccard(sk, pairs))
     np.testing.assert_allclose(sets.jaccard(pairs[::-1]), expected[::-1])
     assert len(minhash.exact_jaccard(sk, np.zeros((0, 2), dtype=np.int64))) == 0
+
+
+def test_exact_jaccard_when_hashes_differ_in_their_low_bits_only():
+    """Hashes that agree but for the low bits the grouping sort packs the index into: still exact."""
+    base = [np.uint64(k << 40) for k in range(1, 6)]
+    sets = [[base[0], base[0] | 1, base[1], base[2] | 3], [base[0] | 1, base[2] | 3, base[3]],
+            [base[0], base[2], base[2] | 2, base[4]], [base[0] | 2, base[4], base[0]]]
+    offsets = np.cumsum([0] + [len(x) for x in sets])
+    sk = minhash.Sketch(np.zeros((len(sets), 4), np.uint32), np.array([h for x in sets for h in x], np.uint64), offsets)
+    pairs = np.array([(i, j) for i in range(len(sets)) for j in range(i + 1, len(sets))])
+    expected = [len(set(sets[i]) & set(sets[j])) / len(set(sets[i]) | set(sets[j])) for i, j in pairs.tolist()]
+    np.testing.assert_allclose(minhash.exact_jaccard(sk, pairs), expected)
+    assert sorted(expected)[-1] > 0 and 0 in expected
 
 
 def plain_union_find(n: int, pairs: list) -> list[int]:
