@@ -5,8 +5,8 @@
 Trains the packaged MiniLM with `pipeline/train.py` as a real process on tweets joined into long
 documents (lengths vary from batch to batch, as on a long-review corpus) and samples the process's
 RSS every half second, for each variant of the allocator settings, all side by side (so the shared
-CPU's drift falls on all alike). Prints RSS (MiB) at every tenth of the run, the growth from the
-first tenth to the end, and the median seconds per step: a leak grows linearly with the steps;
+CPU's drift falls on all alike). Prints the median and the highest RSS (MiB) in every tenth of the run, their growth from
+the first tenth to the last, and the median seconds per step: a leak grows linearly with the steps;
 heap fragmentation from varying batch shapes (glibc's dynamic mmap threshold) goes away when the
 heap's free pages are handed back (pipeline/allocator.py; train.release_memory_every) or with the
 threshold fixed (MALLOC_MMAP_THRESHOLD_).
@@ -87,13 +87,27 @@ def run_side_by_side(config: Path, variants: dict, steps: int, batch: int, extra
     return result
 
 
-def tenths(samples: list[tuple[int, float]], steps: int) -> list[float]:
-    """RSS when each tenth of the run's steps was reached (the first sample at or past it)."""
+def tenths(samples: list[tuple[int, float]], steps: int, pick) -> list[float]:
+    """`pick` (median or max) of the RSS samples taken during each tenth of the run's steps, start-up
+    (before the first step) left out. A sample lands anywhere within a step, live activations included:
+    the median of a tenth is what the process typically holds, the highest its peak."""
     out = []
-    for k in range(1, 11):
-        later = [rss for step, rss in samples if step >= k * steps // 10]
-        out.append(later[0] if later else samples[-1][1])
+    for k in range(10):
+        inside = [rss for step, rss in samples if max(1, k * steps // 10) <= step < (k + 1) * steps // 10]
+        out.append(pick(inside) if inside else float("nan"))
     return out
+
+
+def table(res: dict, steps: int) -> str:
+    import statistics
+
+    lines = ["| allocator | median RSS MiB in each tenth of the steps | growth | highest in each tenth | growth | median s/step |",
+             "|---|---|---:|---|---:|---:|"]
+    for name, r in res.items():
+        mid, hi = tenths(r["samples"], steps, statistics.median), tenths(r["samples"], steps, max)
+        lines.append(f"| {name} | {' '.join(f'{x:.0f}' for x in mid)} | {mid[-1] - mid[0]:+.0f} | "
+                     f"{' '.join(f'{x:.0f}' for x in hi)} | {hi[-1] - hi[0]:+.0f} | {r['s_per_step']:.2f} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -104,20 +118,24 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=1600, help="documents (each 1-24 tweets)")
     p.add_argument("--small", action="store_true", help="a small from-scratch BERT (hidden 64, 2 layers) instead of MiniLM")
     p.add_argument("--trace", action="store_true", help="print (step, RSS MiB) every 10 s to stderr while running")
+    p.add_argument("--samples", help="also write every (step, RSS MiB) sample of each variant to this JSON file")
     p.add_argument("--only", action="append", default=[], help="run only variants whose name starts with this")
+    p.add_argument("--reprint", help="print the table of a --samples file again (nothing is run)")
     args = p.parse_args()
+    if args.reprint:
+        saved = json.loads(Path(args.reprint).read_text())
+        return print(table(saved["variants"], saved["steps"]))
     with tempfile.TemporaryDirectory() as tmp:
         config = build_data(Path(tmp), args.rows * 12, args.max_length, long=True)
         model = "small BERT (hidden 64, 2 layers)" if args.small else "MiniLM"
         print(f"{model}, max_length {args.max_length}, batch {args.batch}, {args.steps} steps, lengths varying per batch\n")
-        print("| allocator | RSS MiB at 10% ... 100% of the steps | growth 10% -> 100% | median s/step |")
-        print("|---|---|---:|---:|")
         variants = {k: v for k, v in VARIANTS.items() if not args.only or any(k.startswith(o) for o in args.only)}
         res = run_side_by_side(config, variants, args.steps, args.batch, SMALL if args.small else [],
                                sys.stderr if args.trace else None)
-        for name, (samples, step_s) in res.items():
-            t = tenths(samples, args.steps)
-            print(f"| {name} | {' '.join(f'{x:.0f}' for x in t)} | {t[-1] - t[0]:+.0f} | {step_s:.2f} |", flush=True)
+        res = {k: {"samples": v[0], "s_per_step": v[1]} for k, v in res.items()}
+        if args.samples:
+            Path(args.samples).write_text(json.dumps({"steps": args.steps, "variants": res}))
+        print(table(res, args.steps))
 
 if __name__ == "__main__":
     main()

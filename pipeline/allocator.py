@@ -4,10 +4,11 @@ glibc's malloc serves a block above its mmap threshold with a mapping of its own
 system when freed; but every time such a block is freed it raises the threshold to that block's size
 (up to 32 MiB). After a few steps, the activations, gradients and attention scores of every new batch
 shape come from the heap; freed, they leave holes that the next shape does not fit exactly, the heap
-keeps their pages resident, and the resident size climbs step after step. Measured (bench/RESULTS.md,
-lengths varying up to 512): 605 -> 1123 MiB in 120 steps with glibc's default; with the heap's free
-pages handed back every step (`malloc_trim`), 459 -> 466 MiB; every 10 steps, a saw-tooth between ~600
-and ~670 MiB; with the mmap threshold fixed at 1 MiB, 461 -> 554 MiB and still rising slowly.
+keeps their pages resident, and the resident size climbs step after step. Measured by
+bench/bench_memory.py (train.py, lengths varying up to 512, 300 steps; bench/RESULTS.md): the median
+RSS grew +122 MiB and still rose with nothing released; +23 MiB with the free pages handed back every
+10 steps (`malloc_trim`, 3% slower); +19 MiB every step (38% slower); +11 MiB with the mmap threshold
+fixed at 1 MiB (48% slower: every step's activations faulted in afresh).
 
 The training loop calls `release_free_heap` every `train.release_memory_every` steps: the
 allocation fast path stays glibc's (pages are reused within those steps), only the holes between
