@@ -271,7 +271,7 @@ def main() -> None:
 
 def table(res: dict) -> str:
     mm = res.pop("matmul")
-    base = {64: res["Trainer (dynamic padding)"]["tokens_per_s"],
+    base = {64: res.get("Trainer (dynamic padding)", {}).get("tokens_per_s"),
             256: res.get("Trainer max_len 256 (dynamic padding)", {}).get("tokens_per_s")}
     lines = [f"fp32 matmul on this CPU: {mm['fp32']:.0f} GFLOP/s; bf16: {mm['bf16']:.1f} GFLOP/s", "",
              "| variant | real tokens/s | vs Trainer default at its length | padding | s/step | ~GFLOP/s (share of fp32 matmul) | peak RSS MB |",
