@@ -370,7 +370,10 @@ def _start_mid_stage(tmp_path: Path) -> subprocess.Popen:
     big = _corpus(tmp_path / "big.csv", n=20_000)
     args = [sys.executable, str(ROOT / "pipeline" / "prepare.py"), "--config", str(TINY), "--quiet",
             *_data_overrides(tmp_path, big)]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as a terminal delivers it: a suite run as a background job (`pytest &` in a script) passes an
+    # ignored SIGINT on to its children, and Python then keeps it ignored, as a background job should
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     stages = tmp_path / "out" / "data" / "stages"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
