@@ -7,8 +7,8 @@ machine and threads. Each variant runs in its own process (clean peak-memory num
 the other; compare the ratios, not the absolute numbers (the CPU is shared). Prints a markdown table.
 Also: the fraction of this CPU's measured fp32 matmul rate the loop reaches, bf16 autocast against
 fp32, and the same comparison with Trainer at max_length 256, batch 8, on documents of 1-24 tweets
-(lengths from one sentence to past 256 tokens, as reviews), with and without length grouping, and
-gradient checkpointing (time and peak RSS).
+(lengths from one sentence to past 256 tokens, as reviews), over one whole epoch of them, with and
+without length grouping, and gradient checkpointing (time and peak RSS).
 """
 
 from __future__ import annotations
@@ -240,9 +240,11 @@ def main() -> None:
         return child(args)
     tmp = Path(tempfile.mkdtemp(prefix="bench_train_"))
     short = build_data(tmp / "short", args.rows, 64, long=False)
-    long = build_data(tmp / "long", args.rows * 4, 256, long=True)  # ~1000 documents of 1-24 tweets
+    long = build_data(tmp / "long", args.rows * 4, 256, long=True)  # rows / 3 documents of 1-24 tweets
     s, w = args.steps, args.warmup
-    s4 = max(3, s // 2)  # steps at max_len 256 (batch 8)
+    # at max_len 256 (batch 8): one whole epoch, so that every variant sees the same documents (a few steps
+    # of Trainer's group_by_length are its longest batches only: no padding, and the longest documents)
+    s4 = len(joined(tweets(args.rows * 4))) // 8 - w
     variants = {  # name: (variant, config, steps, warmup, batch, overrides)
         "matmul": ("matmul", short, s, w, 32, []),
         "Trainer (dynamic padding)": ("trainer_default", short, s, w, 32, []),
