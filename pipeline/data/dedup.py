@@ -211,12 +211,12 @@ def write_report(plan: Plan, texts: list[str], ids: list[str], path) -> None:
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
 
 
-def protected_rows(ds, cfg: DedupConfig) -> np.ndarray | None:
-    """(N,) bool: the rows of the source's own test split, protected under dedup.keep_test_whole;
-    None when the setting is off. A source without a test split of its own is an error."""
+def protected_rows(raw: list[str], cfg: DedupConfig) -> np.ndarray | None:
+    """(N,) bool: the rows whose source split (`raw`, the source_split column) is test, protected under
+    dedup.keep_test_whole; None when the setting is off. A source without a test split of its own is an error."""
     if not cfg.keep_test_whole:
         return None
-    names = source_split_names(column(ds, "source_split"))
+    names = source_split_names(raw)
     if "test" not in names:
         found = sorted(set(names) - {""}) or "none"
         raise ValueError(f"dedup.keep_test_whole=true keeps the source's own test split, but this source has "
@@ -225,10 +225,10 @@ def protected_rows(ds, cfg: DedupConfig) -> np.ndarray | None:
     return np.array([n == "test" for n in names], dtype=bool)
 
 
-def _test_stats(ds, plan: Plan | None, cfg: DedupConfig) -> dict:
+def _test_stats(raw: list[str], plan: Plan | None, cfg: DedupConfig) -> dict:
     """What dedup did to the source's own test split, for the record evaluate reads (metrics.json's
     test_set); {} when the source has no test split."""
-    raw = column(ds, "source_split")  # names split.py would refuse are not test rows here: split reports them
+    # names split.py would refuse are not test rows here: split reports them
     is_test = np.array([SOURCE_SPLIT_NAMES.get(r.lower()) == "test" for r in raw], dtype=bool)
     if not is_test.any():
         return {}
@@ -240,13 +240,14 @@ def _test_stats(ds, plan: Plan | None, cfg: DedupConfig) -> dict:
 
 def dedup(ds, cfg: DedupConfig, ctx: StageContext) -> StageResult:
     """The stage: `ds` with columns id, text, label, source_split; the same columns out."""
-    protected = protected_rows(ds, cfg)
+    raw = column(ds, "source_split")  # read once: the protected rows and the test split's record
+    protected = protected_rows(raw, cfg)
     if cfg.method == "none":
-        return StageResult(ds, {}, {"method": "none", **_test_stats(ds, None, cfg)})
+        return StageResult(ds, {}, {"method": "none", **_test_stats(raw, None, cfg)})
     texts, ids = ds["text"][:], ds["id"][:]  # whole-column slices: lists, fast (iterating a Column is not)
     plan = plan_dedup(texts, ids, cfg, ctx.num_proc, ctx.engine.near_clusters, protected)
     write_report(plan, texts, ids, ctx.out_dir / REPORT)
     near = int(plan.near[~plan.stays].sum())
     dropped = {"exact_duplicate": len(plan.removed) - near, "near_duplicate": near}
     out = ds.select(plan.keep) if len(plan.keep) < len(texts) else ds
-    return StageResult(out, dropped, {**plan.stats, **_test_stats(ds, plan, cfg), "report": REPORT})
+    return StageResult(out, dropped, {**plan.stats, **_test_stats(raw, plan, cfg), "report": REPORT})

@@ -159,12 +159,15 @@ def _head_tail_encoder(tok, cfg: TokenizeConfig):
     def enc(batch):
         cut = [head_tail_ids(e.ids, prefix, suffix, budget, head)
                for e in whole.encode_batch(batch["text"], add_special_tokens=False)]
-        return {
-            "input_ids": [ids for ids, _ in cut], "attention_mask": [[1] * len(ids) for ids, _ in cut],
-            "length": [len(ids) for ids, _ in cut], "truncated": [t for _, t in cut],
-        }
+        return _columns([ids for ids, _ in cut], [t for _, t in cut])
 
     return enc, head
+
+
+def _columns(ids: list[list[int]], truncated: list[bool]) -> dict:
+    """The columns the stage adds for one batch; never padded, so every kept token is attended."""
+    return {"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids], "length": [len(x) for x in ids],
+            "truncated": truncated}
 
 
 def _encoder(tok, cfg: TokenizeConfig):
@@ -175,12 +178,7 @@ def _encoder(tok, cfg: TokenizeConfig):
 
     def enc(batch):
         out = tok.encode_batch(batch["text"])
-        return {
-            "input_ids": [e.ids for e in out],
-            "attention_mask": [e.attention_mask for e in out],
-            "length": [len(e.ids) for e in out],
-            "truncated": [bool(e.overflowing) for e in out],
-        }
+        return _columns([e.ids for e in out], [bool(e.overflowing) for e in out])
 
     return enc, None
 

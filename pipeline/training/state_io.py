@@ -25,7 +25,7 @@ import random
 import re
 import types
 import typing
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 
 import numpy as np
@@ -86,7 +86,7 @@ class TrainState:
         return cls(0, 0, 0, total_steps, {}, Best.of(metric), NanCount(), num_processes, fingerprints)
 
     def to_json(self) -> dict:
-        return {**_plain(self), "format": FORMAT}
+        return {**asdict(self), "format": FORMAT}  # field order, nested ones too
 
     @classmethod
     def from_json(cls, obj, where: str) -> TrainState:
@@ -109,11 +109,6 @@ def check_format(state, where: str) -> None:
     if state.get("format") != FORMAT:
         raise ValueError(f"{where} is in an older checkpoint format ({state.get('format', 'safetensors + JSON')}, "
                          f"before save_state); resume it with the version that wrote it, or start over with --restart")
-
-
-def _plain(obj):
-    """A dataclass as a dict in field order (nested ones too), the JSON state.json holds."""
-    return {f.name: _plain(v) if is_dataclass(v := getattr(obj, f.name)) else v for f in fields(obj)}
 
 
 _KIND = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "an object",
