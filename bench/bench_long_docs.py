@@ -47,7 +47,9 @@ def common_overrides(args, corpus: Path) -> list[str]:
         f"split.train={1 - args.validation:g}", f"split.validation={args.validation:g}",
         f"train.max_steps={args.steps}", f"train.batch_size={args.batch}", "train.grad_accum=1",
         f"train.lr={args.lr}", "train.gradient_checkpointing=false", "train.eval_every=0", "train.save_every=0",
-        f"train.log_every={max(args.steps // 10, 1)}", "eval.batch_size=64",
+        f"train.log_every={max(args.steps // 10, 1)}", "eval.batch_size=64", f"eval.precision={args.precision}",
+        f"prepare.num_proc={args.num_proc}",
+        *([f"train.max_minutes={args.minutes:g}"] if args.minutes else []), *args.set,
     ]
 
 
@@ -68,6 +70,12 @@ def step_seconds(run_dir: Path) -> float:
     return sum(r["seconds"] for r in rows if "tokens_per_s" in r)
 
 
+def last_step(run_dir: Path) -> int:
+    """The last optimizer step metrics.jsonl recorded (train.max_minutes decides it at run time)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return max((r.get("step", 0) for r in rows), default=0)
+
+
 def run_variant(name: str, extra: list[str], args, corpus: Path, root: Path) -> dict:
     out = root / name.split()[0]
     over = [*common_overrides(args, corpus), f"output_dir={out}", *extra]
@@ -79,6 +87,7 @@ def run_variant(name: str, extra: list[str], args, corpus: Path, root: Path) -> 
     row["eval_s"] = timed([py, "pipeline/evaluate.py", *config, "--split", "test", "--quiet", *over],
                           root / f"{out.name}-eval.log")
     row["steps_s"] = step_seconds(out / "run")
+    row["steps"] = last_step(out / "run")
     metrics = json.loads((out / "run" / "eval" / "test-final" / "metrics.json").read_text())
     doc, chunk = metrics["document"], metrics["chunk"]
     row.update(docs=doc["examples"], rows=chunk["examples"], accuracy=doc["accuracy"], macro_f1=doc["macro_f1"],
@@ -88,11 +97,12 @@ def run_variant(name: str, extra: list[str], args, corpus: Path, root: Path) -> 
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| variant | test docs (rows) | doc accuracy | doc macro-F1 | prepare s | train s (steps s) | eval s (model s) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| variant | test docs (rows) | doc accuracy | doc macro-F1 | prepare s | steps | train s (steps s) | eval s (model s) | total s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['variant']} | {r['docs']} ({r['rows']}) | {r['accuracy']:.4f} | {r['macro_f1']:.4f} | "
-                     f"{r['prepare_s']:.0f} | {r['train_s']:.0f} ({r['steps_s']:.0f}) | {r['eval_s']:.0f} ({r['model_s']:.0f}) |")
+                     f"{r['prepare_s']:.0f} | {r['steps']} | {r['train_s']:.0f} ({r['steps_s']:.0f}) | {r['eval_s']:.0f} ({r['model_s']:.0f}) | "
+                     f"{r['prepare_s'] + r['train_s'] + r['eval_s']:.0f} |")
     return "\n".join(lines)
 
 
@@ -156,6 +166,12 @@ def main() -> None:
     p.add_argument("--validation", type=float, default=0.02, help="fraction of the training reviews held out for "
                    "the end-of-training validation (small: training refuses none, and it costs every variant time)")
     p.add_argument("--steps", type=int, default=150, help="optimizer steps per variant")
+    p.add_argument("--minutes", type=float, default=0, help="train.max_minutes: fit training into this many "
+                   "minutes (--steps is then the most it may take); 0 = exactly --steps steps")
+    p.add_argument("--precision", default="fp32", help="eval.precision of validation and the test evaluation")
+    p.add_argument("--num-proc", type=int, default=1, help="prepare.num_proc")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides for every "
+                   "variant (e.g. model.attention_dropout=0)")
     p.add_argument("--batch", type=int, default=16, help="rows per step")
     p.add_argument("--lr", type=float, default=5e-5, help="peak learning rate")
     p.add_argument("--max-length", type=int, default=128, help="tokens per row")
@@ -191,7 +207,9 @@ def main() -> None:
         for name, extra in VARIANTS.items():
             if not args.only or name.split()[0] in args.only:
                 rows.append(run_variant(name, extra, args, corpus, root))
-        print(f"\nmax_length {args.max_length}, {args.steps} steps of batch {args.batch}, lr {args.lr:g}; "
+        budget = f"train.max_minutes={args.minutes:g} (at most {args.steps} steps)" if args.minutes else f"{args.steps} steps"
+        print(f"\nmax_length {args.max_length}, {budget} of batch {args.batch}, lr {args.lr:g}, eval.precision "
+              f"{args.precision}{', ' + ' '.join(args.set) if args.set else ''}; "
               f"whole run {time.perf_counter() - start:.0f} s; load average now {os.getloadavg()}\n")
         print(table(rows))
 

