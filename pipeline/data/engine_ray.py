@@ -224,7 +224,7 @@ class RayEngine:
         paths = [str(folder / f"shard-{k:05d}.arrow") for k in range(len(bounds) - 1)]
         ray = _import_ray()
         task = ray.remote(ray_io.map_shard).options(**self._options())
-        source = ray.put(ray_io.pack(ds))  # file names, column operations and row indices, not the rows
+        source = ray_io.pack(ds)  # file names, column operations and row indices, not the rows
         self._get([task.remote(source, s, e, fn, removed, features, p, batch_size)
                    for s, e, p in zip(bounds[:-1], bounds[1:], paths)], desc)
         return datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths])
@@ -244,8 +244,8 @@ class RayEngine:
             where = folder / name if name else folder
             where.mkdir(parents=True, exist_ok=True)
             n, size = ray_io.num_shards(ds, self.blocks(ds.num_rows)), ray_io.writer_batch_size(ds)
-            ref = ray.put(ray_io.pack(ds))
-            jobs += [task.remote(ref, n, k, str(p), size) for k, p in enumerate(ray_io.shard_paths(where, n))]
+            packed = ray_io.pack(ds)
+            jobs += [task.remote(packed, n, k, str(p), size) for k, p in enumerate(ray_io.shard_paths(where, n))]
             written.append((ds, where, n))
         self._get(jobs, "saving the stage")
         for ds, where, n in written:

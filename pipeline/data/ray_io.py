@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import socket
 from pathlib import Path
 from typing import Any
@@ -34,17 +33,22 @@ def check_visible(path: str | os.PathLike) -> None:
                          f"that runs prepare) must be on storage every node sees (a shared filesystem)")
 
 
-def pack(ds: Any) -> tuple[list[str], bytes]:
+def pack(ds: Any) -> tuple[list[str], Any]:
     """`ds` as a task receives it: the files it reads (checked on the node before anything opens
-    them) and its pickle (file names, column operations, row indices; the rows only when in memory)."""
-    return [f["filename"] for f in ds.cache_files], pickle.dumps(ds)
+    them) and a reference to it in the object store (file names, column operations, row indices;
+    an in-memory table's buffers, which a task on the same node maps without a copy)."""
+    import ray
+
+    return [f["filename"] for f in ds.cache_files], ray.put(ds)
 
 
-def _unpack(packed: tuple[list[str], bytes], out_path: str) -> Any:
-    files, data = packed
+def _unpack(packed: tuple[list[str], Any], out_path: str) -> Any:
+    import ray
+
+    files, ref = packed
     for f in [*files, os.path.dirname(out_path)]:
         check_visible(f)
-    return pickle.loads(data)
+    return ray.get(ref)
 
 
 def map_shard(packed: tuple, start: int, end: int, fn: Any, removed: list, features: Any, path: str,
