@@ -2,6 +2,7 @@
 prepare, peak memory of the driver and of the workers, at several corpus sizes.
 
     nice -n 10 python bench/bench_ray.py [--sizes 100000,300000,1000000] [--prepare-synthetic 100000]
+                                         [--prepare-only] [--set KEY=VALUE ...] [--workers 0,1,2]
                                          [--out bench/ray.json]
 
 Corpora: the embedded tweets (the default config's clean-stage output, 38k rows) and prefixes of one
@@ -202,18 +203,21 @@ def measure(job: dict) -> dict:
 
 
 def run(args, tmp: Path) -> list[dict]:
-    sizes = sorted(int(s) for s in args.sizes.split(","))
-    texts = synthetic(max(sizes))
-    corpora = {"tweets (embedded)": tweets(tmp)}
+    engines = [(e, w) for e, w in ENGINES if str(w) in args.workers.split(",")]
+    sizes = sorted(int(s) for s in args.sizes.split(",")) if not args.prepare_only else []
+    texts = synthetic(max(sizes, default=0))
+    corpora = {"tweets (embedded)": tweets(tmp)} if not args.prepare_only else {}
     for n in sizes:
         corpora[f"synthetic {n:,}"] = save_corpus(texts[:n], [f"s{k:08d}" for k in range(n)], tmp / f"corpus-{n}")
     del texts
-    csv_overrides = write_csv(synthetic(args.prepare_synthetic, seed=1), tmp / "synthetic.csv")
-    prepares = {"tweets (embedded)": [], f"synthetic {args.prepare_synthetic:,}": csv_overrides}
+    csv_overrides = write_csv(synthetic(args.prepare_synthetic, seed=1), tmp / "synthetic.csv") + (args.set or [])
+    prepares = {"tweets (embedded)": args.set or [], f"synthetic {args.prepare_synthetic:,}": csv_overrides}
+    if args.prepare_only:
+        del prepares["tweets (embedded)"]
     rows = []
     for name, path in corpora.items():
         reference = None
-        for engine, workers in ENGINES:
+        for engine, workers in engines:
             out = tmp / f"dedup-{len(rows)}"
             r = measure({"what": "dedup", "data": str(path), "engine": engine, "workers": workers, "out": str(out)})
             report = (out / "clusters.jsonl").read_bytes()
@@ -223,7 +227,7 @@ def run(args, tmp: Path) -> list[dict]:
             print(f"  dedup {name} {engine} {workers}: {r['docs'] / r['seconds']:,.0f} docs/s, {r['cpu_s']:.1f} CPU-s, "
                   f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)
     for name, overrides in prepares.items():
-        for engine, workers in ENGINES:
+        for engine, workers in engines:
             job = {"what": "prepare", "engine": engine, "workers": workers, "out": str(tmp / f"prep-{len(rows)}"),
                    "overrides": [*overrides, f"ray.num_cpus={workers}"]}
             rows.append({"what": "prepare", "corpus": name, "engine": engine, "workers": workers, **measure(job)})
@@ -241,7 +245,8 @@ def _label(r: dict) -> str:
 
 def speed_table(rows: list[dict]) -> str:
     """docs per wall-clock second, and per CPU-second of the whole process tree (driver + Ray)."""
-    lines = ["| what | corpus | local | Ray, 1 worker | Ray, 2 workers |", "|---|---|---:|---:|---:|"]
+    labels = list(dict.fromkeys(_label(r) for r in rows))  # the engines measured, in their order
+    lines = ["| what | corpus | " + " | ".join(labels) + " |", "|---|---|" + "---:|" * len(labels)]
     for what in ("dedup", "prepare"):
         for per, unit in (("seconds", "docs/s"), ("cpu_s", "docs per CPU-s")):
             for name in dict.fromkeys(r["corpus"] for r in rows if r["what"] == what):
@@ -301,6 +306,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="100000,300000,1000000",
                         help="synthetic dedup corpus sizes, comma-separated")
     parser.add_argument("--prepare-synthetic", type=int, default=100_000, help="documents of the synthetic prepare")
+    parser.add_argument("--prepare-only", action="store_true",
+                        help="measure only the synthetic prepare (no dedup runs, no tweets)")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="a config override for the prepares (repeatable), e.g. dedup.method=none")
+    parser.add_argument("--workers", default="0,1,2", help="engines to run: 0 = local, 1 and 2 = Ray workers")
     parser.add_argument("--out", default="", help="also write every measurement as JSON here")
     parser.add_argument("--tables-from", default="",
                         help="print the tables of a JSON that --out wrote, measure nothing")

@@ -2,8 +2,16 @@
 
 What moves and what stays (the engines differ in how they move data, never in what a stage decides):
 - Row-wise work (clean, split's chunking, label, tokenize): the stage's per-batch function, the one
-  the local engine hands to `datasets.map`, runs as Ray Data `map_batches` over the stage's rows cut
-  into `ray.blocks` Arrow blocks (order preserved), cast back to the local engine's features.
+  the local engine hands to `datasets.map`, runs in Ray tasks, one per block of `ray.blocks` contiguous
+  rows (ray_io.py): each task reads its rows from the stage's files itself (a memory-mapped Dataset
+  pickles as its file names, column operations and row indices, not as rows) and writes them, mapped
+  and cast to the local engine's features, as one Arrow shard under the stage's temporary folder;
+  the map's result is those shards, memory-mapped, in order. The stage folder itself is written the
+  same way (`save`): one shard per task, datasets' own shard writer, then the driver writes only
+  state.json and dataset_info.json (and dataset_dict.json), so the folder is what
+  `save_to_disk(num_shards=blocks)` writes, byte for byte (tested). Plain Ray tasks rather than Ray
+  Data's map_batches: Ray Data neither reads a datasets folder through its indices and column
+  operations nor writes datasets' layout, and the stage's rows must not come back to the driver.
 - Dedup's near-duplicate search, as a map-reduce over Ray tasks (minhash.py does the arithmetic,
   ray_tasks.py holds the task bodies and the chain's shapes):
   1. per block: shingles and signatures (`minhash._sketch_chunk`), band keys (`minhash._band_keys`),
@@ -24,41 +32,45 @@ What moves and what stays (the engines differ in how they move data, never in wh
 
 What still runs on the driver (the process that runs prepare), and what it holds:
 - load: the source is read here (readers.py), its whole table in memory once;
-- every stage's output passes through here: a row-wise stage's input is cut into blocks that go
-  to the object store, the mapped blocks come back (zero-copy from the object store on the same
-  node) and the driver writes the stage folder; so the output must fit one machine's disk;
+- a stage's post-processing between its map and its folder, as the stage codes it: memory-mapped
+  column operations (tokenize's remove_columns, label's filter and cast), except clean's filter of
+  the dropped rows, a pyarrow filter that materializes the kept rows in the driver's memory; the
+  stage folders are written by the tasks (above), so every node must see output_dir (shared
+  storage on a cluster; a task that cannot see a stage's file fails naming it in one line);
 - dedup: the texts and ids as Python lists (dedup.py's plan), each block's texts sent once to its
   task, the labels (8 B per text) and, up to `ray.driver_edges`, the verified pairs (16 B each)
   back; the plan of which row to keep and the report; split: the assignment by a hash of the id
   and each query's best match; tokenize: training a tokenizer (on train).
-Measured (bench_ray.py, bench/RESULTS.md): during a Ray dedup of 100k-1 M short documents the
-driver's peak RSS grows by ~750 B per document (the local engine's one process: ~2.1 KiB, all of
-it); the whole process tree's PSS by ~2.1-2.2 KiB with either engine.
+Measured (bench_ray.py, bench/RESULTS.md): a Ray dedup's driver peak RSS grows ~750 B per short
+document (100k-1 M; the local engine's process ~2.1 KiB, all of it).
 
-A task whose worker dies is rerun by Ray up to `ray.max_retries` times; past that the stage fails
-with `StageFailed` (one line) and, since its folder is only renamed into place when complete,
-nothing of it is taken as done.
+A task whose worker dies is rerun by Ray up to `ray.max_retries` times (a rerun map or save task
+writes its shard again from the start); past that the stage fails with `StageFailed` (one line)
+and, since its folder is only renamed into place when complete, nothing of it is taken as done.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import logging
 import os
 import re
+import shutil
 import socket
-import warnings
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from pipeline.config import RayConfig
 from pipeline.data import minhash
 from pipeline.data.engines import StageFailed
+from pipeline.data import ray_io
 from pipeline.data import ray_tasks as tasks
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # what workers put on sys.path: this checkout's `pipeline`
+SCRATCH = ".ray-maps"  # inside a running stage's temporary folder: the shards its maps wrote
 
 
 def _import_ray():
@@ -124,15 +136,8 @@ class RayEngine:
 
     def __init__(self, cfg: RayConfig, started: bool):
         self.cfg, self.started = cfg, started
-        ray = _import_ray()
-        from ray.data import DataContext
-
-        data = DataContext.get_current()
-        data.execution_options.preserve_order = True  # blocks come back in the order they went in
-        data.enable_progress_bars = False  # prepare draws its own table; Ray's bars are per operator
-        logging.getLogger("ray.data").setLevel(logging.ERROR)  # no "Starting execution of ..." per map, no
-        # "Progress bars disabled" (prepare prints one table; a user sees what fails, not what Ray chose)
-        self.cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self.scratch, self._maps = None, 0  # where maps write their shards (see `stage`), and how many so far
+        self.cpus = max(1, int(_import_ray().cluster_resources().get("CPU", 1)))
 
     @classmethod
     def connect(cls, cfg: RayConfig) -> RayEngine:
@@ -182,12 +187,31 @@ class RayEngine:
                            f"reruns did not finish it ({type(e).__name__}: {first}); nothing of this stage was "
                            f"saved: run prepare again (the stages before it are reused)")
 
-    # ------------------------------------------------------------ row-wise stages
+    # ------------------------------------------------------------ row-wise stages and stage folders
+    @contextlib.contextmanager
+    def stage(self, tmp: Path) -> Iterator[None]:
+        """While a stage runs in its temporary folder `tmp`: the maps' shards go under it (so every
+        node writes where the stage's folder is), and are removed before the folder is renamed."""
+        self.scratch = tmp / SCRATCH
+        try:
+            yield
+        finally:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+
+    def _map_folder(self) -> Path:
+        """A new folder for one map's shards: under the running stage's folder, else a temporary one."""
+        self.scratch = self.scratch or Path(tempfile.mkdtemp(prefix="ray-map-"))  # a stage called outside the runner
+        self._maps += 1
+        (folder := self.scratch / f"map-{self._maps:04d}").mkdir(parents=True)
+        return folder
+
     def map_batches(self, ds: Any, fn: Any, added: dict, *, remove_columns: Any = None, batch_size: int = 1000,
                     min_rows_per_proc: int = 0, desc: str = "map", **_: Any) -> Any:
-        """What `common.map_batches(ds, fn, added, ...)` returns, with `fn` run by Ray Data on blocks."""
+        """What `common.map_batches(ds, fn, added, ...)` returns, with `fn` run by Ray tasks that each read
+        a block of `ds`'s rows from its files and write their mapped rows as one Arrow shard; the result
+        is those shards, memory-mapped, in order (the driver holds none of the rows)."""
         import datasets
-        import ray.data
 
         from pipeline.data.common import map_batches
 
@@ -195,20 +219,37 @@ class RayEngine:
             return map_batches(ds, fn, added, remove_columns=remove_columns)
         removed = list(remove_columns or [])
         features = datasets.Features({**{k: v for k, v in ds.features.items() if k not in removed}, **added})
-        table = ds.with_format("arrow")[:]  # the rows in order, a `select`'s indices applied
-        bounds = np.linspace(0, table.num_rows, self.blocks(table.num_rows) + 1).astype(int).tolist()
-        blocks = [table.slice(s, e - s) for s, e in zip(bounds[:-1], bounds[1:])]
-        with warnings.catch_warnings():  # Ray 2.60 takes max_retries only this way (deprecated for 2.64;
-            warnings.simplefilter("ignore")  # its default, -1, would retry a dying task forever)
-            mapped = ray.data.from_arrow(blocks).map_batches(
-                tasks.apply_batch, fn_args=(fn, removed, features.arrow_schema), batch_format="pyarrow",
-                batch_size=batch_size,
-                num_cpus=self.cfg.cpus_per_task, memory=self.cfg.memory_per_task_mb * 2**20 or None,
-                ray_remote_args_fn=functools.partial(dict, max_retries=self.cfg.max_retries))
-        import pyarrow as pa
+        bounds = np.linspace(0, ds.num_rows, self.blocks(ds.num_rows) + 1).astype(int).tolist()
+        folder = self._map_folder()
+        paths = [str(folder / f"shard-{k:05d}.arrow") for k in range(len(bounds) - 1)]
+        ray = _import_ray()
+        task = ray.remote(ray_io.map_shard).options(**self._options())
+        source = ray_io.pack(ds)  # file names, column operations and row indices, not the rows
+        self._get([task.remote(source, s, e, fn, removed, features, p, batch_size)
+                   for s, e, p in zip(bounds[:-1], bounds[1:], paths)], desc)
+        return datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths])
 
-        out = pa.concat_tables(self._get(mapped.to_arrow_refs(), desc))
-        return datasets.Dataset(out)
+    def save(self, data: Any, folder: Path) -> None:
+        """`data` (a Dataset or DatasetDict) written to `folder` as save_to_disk lays it out, each shard
+        by a Ray task from the rows' own files, the metadata by the driver once every shard is written."""
+        import datasets
+
+        ray = _import_ray()
+        splits = [("", data)] if isinstance(data, datasets.Dataset) else list(data.items())
+        if not isinstance(data, datasets.Dataset):
+            ray_io.write_splits(folder, [name for name, _ in splits])
+        task = ray.remote(ray_io.save_shard).options(**self._options())
+        jobs, written = [], []
+        for name, ds in splits:
+            where = folder / name if name else folder
+            where.mkdir(parents=True, exist_ok=True)
+            n, size = ray_io.num_shards(ds, self.blocks(ds.num_rows)), ray_io.writer_batch_size(ds)
+            packed = ray_io.pack(ds)
+            jobs += [task.remote(packed, n, k, str(p), size) for k, p in enumerate(ray_io.shard_paths(where, n))]
+            written.append((ds, where, n))
+        self._get(jobs, "saving the stage")
+        for ds, where, n in written:
+            ray_io.write_metadata(ds, where, n)
 
     # ------------------------------------------------------------ dedup
     def _verified_pairs(self, texts: list[str], cfg: Any, threshold: float, normalized: bool, split_at: int = 0):

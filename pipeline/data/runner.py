@@ -13,6 +13,7 @@ import statements, not from a list kept by hand), so editing any helper a stage 
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import shutil
 import sys
@@ -269,7 +270,8 @@ def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, ctx: 
     datasets.disable_caching()  # stages cache themselves; no cache-*.arrow files inside earlier stages' dirs
     start = time.perf_counter()
     rows_in = num_rows(data) if data is not None else None
-    with artifacts.atomic_dir(out, replace=True) as tmp:
+    engine_stage = getattr(ctx.engine, "stage", None) or (lambda _: contextlib.nullcontext())
+    with artifacts.atomic_dir(out, replace=True) as tmp, engine_stage(tmp):  # Ray: its maps' shards under tmp
         ctx = dataclasses.replace(ctx, out_dir=tmp)
         result = stage.run(data, ctx)
         if num_rows(result.data) == 0:
@@ -278,7 +280,7 @@ def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, ctx: 
                 f"stage '{stage.name}' left no rows (dropped: {result.dropped or 'none'}); "
                 f"loosen its settings in the config's `{section}` section ({section}.*)"
             )
-        _save(result.data, tmp / "data")
+        (getattr(ctx.engine, "save", None) or _save)(result.data, tmp / "data")  # Ray: a shard per task
         _check_readable(_load(tmp), stage.name)  # a stage that cannot be read back is never marked complete
         man = artifacts.manifest(
             stage=stage.name,

@@ -210,12 +210,13 @@ def _long_corpus() -> tuple[list[str], list[str]]:
     return texts, [f"d{k:05d}" for k in range(len(texts))]
 
 
-def _kill_first_sketch_worker(stop: threading.Event, killed: list) -> None:
+def kill_first(task: str, stop: threading.Event, killed: list) -> None:
+    """SIGKILL the first Ray worker seen running `task` (its process title names it)."""
     import psutil
 
     while not stop.is_set() and not killed:
         for proc in psutil.process_iter(["cmdline"]):
-            if "_sketch_block" in " ".join(proc.info["cmdline"] or []):
+            if task in " ".join(proc.info["cmdline"] or []):
                 proc.send_signal(signal.SIGKILL)
                 killed.append(proc.pid)
                 return
@@ -230,7 +231,7 @@ def test_a_worker_killed_during_dedup_is_rerun_or_fails_the_stage_in_one_line(tm
     texts, ids = _long_corpus()
     engine = RayEngine.connect(RayConfig(blocks=2, max_retries=retries))
     stop, killed = threading.Event(), []
-    killer = threading.Thread(target=_kill_first_sketch_worker, args=(stop, killed))
+    killer = threading.Thread(target=kill_first, args=("_sketch_block", stop, killed))
     killer.start()
     try:
         if retries:

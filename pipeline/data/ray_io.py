@@ -1,0 +1,132 @@
+"""The Ray engine's disk side: tasks that read their rows from the stage folders themselves and
+write Arrow shards, and the metadata that makes a folder of shards what `datasets.load_from_disk`
+reads (engine_ray.py submits the tasks; the driver never holds the rows).
+
+A stage's rows move as `datasets.Dataset` objects whose tables are memory-mapped Arrow files (the
+previous stage's folder, or the shards a map wrote): pickled, such a Dataset is its file names,
+the column operations to replay and, after a `select`, its row indices (8 B per row), so a task
+given one reads its own slice from disk. On a cluster those files must be on storage every node
+sees; a task that cannot see one fails with a one-line error saying so (`check_visible`).
+
+Shard layout (datasets' own, as `Dataset.save_to_disk(num_shards=N)` writes it, with N = the
+engine's blocks): data-0000k-of-0000N.arrow, one per task, then state.json and dataset_info.json,
+written by the driver last; a DatasetDict adds dataset_dict.json and one such folder per split.
+The stage's folder is renamed into place by the runner only after all of it is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from pipeline.data.ray_tasks import apply_batch
+
+
+def check_visible(path: str | os.PathLike) -> None:
+    """One line when a stage's file or folder is missing on the node this task runs on."""
+    if not os.path.exists(path):
+        raise ValueError(f"{path}: not found on Ray node {socket.gethostname()}: with prepare.engine=ray every node "
+                         f"reads and writes the stage folders itself, so output_dir (and TMPDIR of the process "
+                         f"that runs prepare) must be on storage every node sees (a shared filesystem)")
+
+
+def pack(ds: Any) -> tuple[list[str], Any]:
+    """`ds` as a task receives it: the files it reads (checked on the node before anything opens
+    them) and a reference to it in the object store (file names, column operations, row indices;
+    an in-memory table's buffers, which a task on the same node maps without a copy)."""
+    import ray
+
+    return [f["filename"] for f in ds.cache_files], ray.put(ds)
+
+
+def _unpack(packed: tuple[list[str], Any], out_path: str) -> Any:
+    import ray
+
+    files, ref = packed
+    for f in [*files, os.path.dirname(out_path)]:
+        check_visible(f)
+    return ray.get(ref)
+
+
+def map_shard(packed: tuple, start: int, end: int, fn: Any, removed: list, features: Any, path: str,
+              batch_size: int) -> int:
+    """Rows start:end of the packed Dataset, read here from its files, mapped by `fn` batch by batch
+    as `datasets.map(batched=True)` maps them, written as one Arrow shard at `path`; its row count."""
+    from datasets.arrow_writer import ArrowWriter
+
+    ds = _unpack(packed, path)
+    schema = features.arrow_schema
+    writer = ArrowWriter(features=features, path=path)
+    try:
+        for table in ds.select(range(start, end)).with_format("arrow").iter(batch_size):
+            writer.write_table(apply_batch(table, fn, removed, schema))
+        rows, _ = writer.finalize()
+    finally:
+        writer.close()
+    return rows
+
+
+def save_shard(packed: tuple, num_shards: int, index: int, path: str, writer_batch_size: int) -> tuple[int, int]:
+    """Shard `index` of `num_shards` (contiguous) of the packed Dataset, written by datasets' own
+    shard writer, so its bytes are those `save_to_disk` writes; (rows, bytes)."""
+    from datasets import Dataset
+
+    ds = _unpack(packed, path)
+    shard = ds.shard(num_shards=num_shards, index=index, contiguous=True)
+    for _, done, content in Dataset._save_to_disk_single(index, shard, path, None, writer_batch_size):
+        if done:
+            return content
+    raise RuntimeError(f"{path}: datasets' shard writer finished without a result")
+
+
+def shard_paths(folder: Path, num_shards: int) -> list[Path]:
+    return [folder / f"data-{k:05d}-of-{num_shards:05d}.arrow" for k in range(num_shards)]
+
+
+def writer_batch_size(ds: Any) -> int:
+    """The record batch size save_to_disk picks for `ds` (smaller for large rows)."""
+    from datasets import config
+    from datasets.arrow_writer import get_writer_batch_size_from_data_size
+
+    nbytes = ds._estimate_nbytes()
+    size = config.DEFAULT_MAX_BATCH_SIZE
+    return min(size, get_writer_batch_size_from_data_size(len(ds), nbytes)) if nbytes > 0 else size
+
+
+def num_shards(ds: Any, blocks: int) -> int:
+    """One shard per block, and at least as many as save_to_disk writes (none above its 500 MB)."""
+    from datasets import config
+    from datasets.utils.py_utils import convert_file_size_to_int
+
+    if not len(ds):
+        return 1  # datasets writes none for zero rows, and load_from_disk then fails on the folder
+    return max(blocks, int(ds._estimate_nbytes() / convert_file_size_to_int(config.MAX_SHARD_SIZE)) + 1)
+
+
+def write_metadata(ds: Any, folder: Path, num_shards: int) -> None:
+    """state.json and dataset_info.json of a folder of `num_shards` shards of `ds`, as save_to_disk
+    writes them (the same keys, sorting and indentation)."""
+    from datasets import config
+    from datasets.utils.py_utils import asdict  # datasets' own: features as their JSON form
+
+    keys = ("_fingerprint", "_format_columns", "_format_kwargs", "_format_type", "_output_all_columns")
+    state = {key: ds.__dict__[key] for key in keys}
+    state["_split"] = str(ds.split) if ds.split is not None else ds.split
+    state["_data_files"] = [{"filename": p.name} for p in shard_paths(folder, num_shards)]
+    with open(folder / config.DATASET_STATE_JSON_FILENAME, "w", encoding="utf-8") as f:
+        json.dump(state, f, indent=2, sort_keys=True)
+    info = asdict(ds._info)
+    with open(folder / config.DATASET_INFO_FILENAME, "w", encoding="utf-8") as f:
+        json.dump({key: info[key] for key in sorted(info)}, f, indent=2)  # first level sorted, as datasets does
+
+
+def write_splits(folder: Path, splits: list[str]) -> None:
+    """dataset_dict.json of a DatasetDict folder, as DatasetDict.save_to_disk writes it."""
+    from datasets import config
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / config.DATASETDICT_JSON_FILENAME, "w", encoding="utf-8") as f:
+        json.dump({"splits": splits}, f)
