@@ -149,6 +149,9 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=192, help="long documents per max_length")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--core-only", action="store_true",
+                        help="only fp32, int8 and the onnxruntime rows: no eager attention, int8 kernels-only, bf16 "
+                             "emulation or profile (for a loaded machine)")
     args = parser.parse_args()
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -201,15 +204,23 @@ def main() -> None:
     for length in LENGTHS:
         ds = tokenized(tokenizer, docs, length)
         methods = {f"{p}" + (" (SDPA)" if p == "fp32" else ""): (lambda p=p: predict(model, ds, b, p)) for p in precisions}
-        methods["int8, quantized once beforehand (kernels only)"] = lambda: predict(quantized, ds, b, "fp32")
+        if not args.core_only:
+            methods["int8, quantized once beforehand (kernels only)"] = lambda: predict(quantized, ds, b, "fp32")
         methods |= {f"ort {p} (cached export)": (lambda p=p: predict(model, ds, b, p, onnx[p])) for p in ORT}
-        if length == 256:
+        if length == 256 and not args.core_only:
             methods["fp32, eager attention"] = lambda: predict(eager, ds, b, "fp32")
         secs, logits = timed(methods, args.repeats)
         for p in ORT:  # what a first evaluate.py (or a validation) of these documents costs
             secs[f"ort {p}, incl. export (+ {export_s[p]:.0f} s)"] = secs[f"ort {p} (cached export)"] + export_s[p]
             logits[f"ort {p}, incl. export (+ {export_s[p]:.0f} s)"] = logits[f"ort {p} (cached export)"]
         _rows(length, len(ds), secs, logits, doc_labels)
+    if not args.core_only:
+        _extras(model, tokenizer, docs, doc_labels, b, native)
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+
+
+def _extras(model, tokenizer, docs: list[str], doc_labels: np.ndarray, b: int, native: bool) -> None:
+    """bf16 emulation on a few documents (where the CPU lacks native bf16) and int8's profile at 256."""
     if not native:  # once, on a few documents: emulation is many times slower
         few = tokenized(tokenizer, docs[:32], 128)
         secs, logits = timed({"fp32 (SDPA)": lambda: predict(model, few, b, "fp32"),
@@ -217,7 +228,6 @@ def main() -> None:
         _rows(128, len(few), secs, logits, doc_labels[:32])
     print(f"\nwhere int8's time goes at max_length 256 (one batch of {b}): "
           f"{int8_profile(model, tokenized(tokenizer, docs, 256), b)}")
-    print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
 def _rows(length: int, n: int, secs: dict, logits: dict, labels: np.ndarray) -> None:
