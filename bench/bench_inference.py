@@ -1,4 +1,5 @@
-"""Inference throughput and accuracy by eval.precision (fp32, int8, bf16) at max_length 128/256/512.
+"""Inference throughput and accuracy by eval.precision (fp32, int8, bf16) and eval.runtime (torch,
+onnxruntime) at max_length 128/256/512.
 
 A model trained by this pipeline (configs/default.yaml, the packaged all-MiniLM-L6-v2 fine-tuned on
 the tweets; trained first if `--out` has none) predicts, through `predict_logits` exactly as
@@ -10,6 +11,10 @@ All methods in one process, interleaved, median of the repeats; ratios to fp32 a
 machine is shared). The CPU's flags are printed; bf16 is timed at every length where the CPU has
 native bf16, else once, on a few documents at 128, to show what emulation costs. Also: fp32 with
 eager attention (what SDPA saves), and where int8's time goes at 256 (profiler).
+onnxruntime rows ("ort fp32", "ort int8") run predict_logits with eval.runtime=onnxruntime from an
+export cached under `--out` (what a second evaluate.py does: session load included, export not);
+the time to export + fuse (+ quantize) + load a session, what the first evaluate.py and every
+validation pay, is measured once per precision and printed, and the "incl. export" rows add it.
 
     OMP_NUM_THREADS=2 python bench/bench_inference.py [--out outputs/bench_inference] [--docs 192] [--repeats 2]
 
@@ -34,6 +39,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 LENGTHS = (128, 256, 512)
+ORT = ("fp32", "int8")  # the precisions eval.runtime=onnxruntime runs
 
 
 def cpu_flags() -> str:
@@ -72,12 +78,33 @@ def tokenized(tokenizer, texts: list[str], max_length: int):
     return datasets.Dataset.from_dict({"input_ids": enc["input_ids"]})
 
 
-def predict(model, dataset, batch: int, precision: str) -> np.ndarray:
+def predict(model, dataset, batch: int, precision: str, onnx_dir: Path | None = None) -> np.ndarray:
+    """predict_logits at `precision`; with `onnx_dir`, eval.runtime=onnxruntime from the export cached there."""
     from accelerate import Accelerator
 
     from pipeline.evaluation.predict import predict_logits
 
-    return predict_logits(model, dataset, batch, Accelerator(cpu=True), precision, progress=False)
+    runtime = "torch" if onnx_dir is None else "onnxruntime"
+    return predict_logits(model, dataset, batch, Accelerator(cpu=True), precision, progress=False,
+                          runtime=runtime, onnx_dir=onnx_dir)
+
+
+def ort_exports(model, out: Path) -> tuple[dict, dict]:
+    """precision -> (cache folder, seconds to export + fuse (+ quantize) + load a session), exported afresh."""
+    import shutil
+
+    import torch
+
+    from pipeline.evaluation.inference import for_inference
+
+    dirs, seconds = {}, {}
+    for p in ORT:
+        dirs[p] = out / "onnx" / p
+        shutil.rmtree(dirs[p], ignore_errors=True)
+        start = time.perf_counter()
+        for_inference(model, p, torch.device("cpu"), "onnxruntime", onnx_dir=dirs[p])
+        seconds[p] = time.perf_counter() - start
+    return dirs, seconds
 
 
 def timed(methods: dict, repeats: int) -> tuple[dict, dict]:
@@ -122,6 +149,9 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=192, help="long documents per max_length")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--core-only", action="store_true",
+                        help="only fp32, int8 and the onnxruntime rows: no eager attention, int8 kernels-only, bf16 "
+                             "emulation or profile (for a loaded machine)")
     args = parser.parse_args()
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -143,13 +173,18 @@ def main() -> None:
           f"{torch.get_num_threads()}; load average before: {os.getloadavg()[0]:.1f}; model {final}\n")
 
     precisions = ["fp32", "int8"] + (["bf16"] if native else [])
-    secs, logits = timed({p: (lambda p=p: predict(model, test, 128, p)) for p in precisions}, args.repeats)
-    acc = {p: float(np.mean(logits[p].argmax(1) == labels)) for p in precisions}
+    onnx, export_s = ort_exports(model, Path(args.out))
+    print("export + fuse (+ quantize) + session load, once per evaluate.py run on new weights and per validation: "
+          + ", ".join(f"ort {p} {s:.1f} s" for p, s in export_s.items()) + "\n")
+    methods = {p: (lambda p=p: predict(model, test, 128, p)) for p in precisions}
+    methods |= {f"ort {p}": (lambda p=p: predict(model, test, 128, p, onnx[p])) for p in ORT}
+    secs, logits = timed(methods, args.repeats)
+    acc = {p: float(np.mean(logits[p].argmax(1) == labels)) for p in methods}
     print(f"tweets test split ({len(test)} tweets, as prepared: max_length {cfg.tokenize.max_length}), batch 128, "
           f"median of {args.repeats} interleaved repeats:\n")
     print("| precision | examples/s | vs fp32 | accuracy | vs fp32 (points) | same predictions as fp32 |")
     print("|---|---:|---:|---:|---:|---:|")
-    for p in precisions:
+    for p in methods:
         agree = float(np.mean(logits[p].argmax(1) == logits["fp32"].argmax(1)))
         print(f"| {p} | {len(test) / secs[p]:.1f} | {secs['fp32'] / secs[p]:.2f}x | {acc[p]:.2%} | "
               f"{100 * (acc[p] - acc['fp32']):+.2f} | {agree:.2%} |")
@@ -169,11 +204,23 @@ def main() -> None:
     for length in LENGTHS:
         ds = tokenized(tokenizer, docs, length)
         methods = {f"{p}" + (" (SDPA)" if p == "fp32" else ""): (lambda p=p: predict(model, ds, b, p)) for p in precisions}
-        methods["int8, quantized once beforehand (kernels only)"] = lambda: predict(quantized, ds, b, "fp32")
-        if length == 256:
+        if not args.core_only:
+            methods["int8, quantized once beforehand (kernels only)"] = lambda: predict(quantized, ds, b, "fp32")
+        methods |= {f"ort {p} (cached export)": (lambda p=p: predict(model, ds, b, p, onnx[p])) for p in ORT}
+        if length == 256 and not args.core_only:
             methods["fp32, eager attention"] = lambda: predict(eager, ds, b, "fp32")
         secs, logits = timed(methods, args.repeats)
+        for p in ORT:  # what a first evaluate.py (or a validation) of these documents costs
+            secs[f"ort {p}, incl. export (+ {export_s[p]:.0f} s)"] = secs[f"ort {p} (cached export)"] + export_s[p]
+            logits[f"ort {p}, incl. export (+ {export_s[p]:.0f} s)"] = logits[f"ort {p} (cached export)"]
         _rows(length, len(ds), secs, logits, doc_labels)
+    if not args.core_only:
+        _extras(model, tokenizer, docs, doc_labels, b, native)
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+
+
+def _extras(model, tokenizer, docs: list[str], doc_labels: np.ndarray, b: int, native: bool) -> None:
+    """bf16 emulation on a few documents (where the CPU lacks native bf16) and int8's profile at 256."""
     if not native:  # once, on a few documents: emulation is many times slower
         few = tokenized(tokenizer, docs[:32], 128)
         secs, logits = timed({"fp32 (SDPA)": lambda: predict(model, few, b, "fp32"),
@@ -181,7 +228,6 @@ def main() -> None:
         _rows(128, len(few), secs, logits, doc_labels[:32])
     print(f"\nwhere int8's time goes at max_length 256 (one batch of {b}): "
           f"{int8_profile(model, tokenized(tokenizer, docs, 256), b)}")
-    print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
 def _rows(length: int, n: int, secs: dict, logits: dict, labels: np.ndarray) -> None:

@@ -252,10 +252,22 @@ def validate(cfg: Config) -> None:
     if cfg.eval.bf16 and cfg.eval.precision not in ("fp32", "bf16"):
         raise ConfigError(f"eval.bf16=true (deprecated spelling of eval.precision=bf16) conflicts with "
                           f"eval.precision={cfg.eval.precision}; drop eval.bf16")
+    _validate_runtime(cfg.eval)
     if not cfg.output_dir.strip():
         raise ConfigError("output_dir is empty: name the folder for this experiment's data and run")
     if cfg.source.format != "hub" and not cfg.source.path:
         raise ConfigError("source.path is empty: name the file or folder to read")
+
+
+def _validate_runtime(e: EvalConfig) -> None:
+    """eval.runtime=onnxruntime: fp32 or int8 only, and its packages installed (checked before any work)."""
+    import importlib.util
+
+    if e.runtime == "onnxruntime" and (e.bf16 or e.precision == "bf16"):
+        raise ConfigError("eval.runtime=onnxruntime runs eval.precision fp32 or int8, not bf16; use eval.runtime=torch for bf16")
+    missing = [n for n in ("onnxruntime", "onnx") if e.runtime == "onnxruntime" and importlib.util.find_spec(n) is None]
+    if missing:
+        raise ConfigError(f"eval.runtime=onnxruntime needs {' and '.join(missing)}: pip install -c constraints.txt -e '.[onnx]'")
 
 
 def _validate_labels(cfg: LabelConfig) -> None:

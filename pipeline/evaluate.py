@@ -6,7 +6,9 @@
 
 Writes <output_dir>/run/eval/<split>-<checkpoint>/ and prints a summary table. Inference runs in
 eval.precision (--precision fp32|bf16|int8; default fp32); accelerate's mixed_precision setting does
-not change it. int8 (dynamic quantization, CPU) is ~2x fp32 here: see bench/RESULTS.md.
+not change it. int8 (dynamic quantization, CPU) is ~2x fp32 here: see bench/RESULTS.md. eval.runtime
+(--runtime torch|onnxruntime) picks the engine: onnxruntime runs a fused ONNX export (CPU), cached beside
+the checkpoint.
 """
 
 import dataclasses
@@ -27,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", help="final, best, last, a checkpoint name, or a directory (eval.checkpoint)")
     parser.add_argument("--batch-size", type=int, help="examples per forward pass (eval.batch_size)")
     parser.add_argument("--precision", choices=("fp32", "bf16", "int8"), help="inference precision (eval.precision)")
+    parser.add_argument("--runtime", choices=("torch", "onnxruntime"), help="inference runtime (eval.runtime)")
     parser.add_argument("--bf16", action="store_true", default=None,
                         help="deprecated: --precision bf16 (slow on CPUs without native bf16)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -38,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--bf16 (deprecated spelling of --precision bf16) conflicts with --precision {args.precision}")
         print("note: --bf16 is deprecated; it means --precision bf16 (write that instead)", file=sys.stderr)
         args.precision = "bf16"
-    cfg = config_from_args(args, {"eval.batch_size": args.batch_size, "eval.precision": args.precision})
+    cfg = config_from_args(args, {"eval.batch_size": args.batch_size, "eval.precision": args.precision,
+                                     "eval.runtime": args.runtime})
     # split and checkpoint names go in as given (a YAML parse would turn "100" into a number)
     cfg = dataclasses.replace(cfg, eval=dataclasses.replace(
         cfg.eval, split=args.split or cfg.eval.split, checkpoint=args.checkpoint or cfg.eval.checkpoint))

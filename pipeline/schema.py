@@ -205,6 +205,9 @@ class EvalConfig:
     precision: str = opt("fp32", "inference precision of evaluate.py and of validation during training: fp32, bf16 "
                          "autocast (fast only where the CPU/GPU has native bf16), or int8 dynamic quantization of the "
                          "encoder's Linear layers (CPU; ~2x fp32 there, see bench/RESULTS.md)", ("fp32", "bf16", "int8"))
+    runtime: str = opt("torch", "what runs inference (evaluate.py and validation): torch, or onnxruntime (CPU: an ONNX "
+                       "export of the model, fused, at eval.precision fp32 or int8, cached beside the checkpoint; "
+                       "needs the onnx extra; BERT-type models; see bench/RESULTS.md)", ("torch", "onnxruntime"))
     bf16: bool = opt(False, "deprecated spelling of eval.precision=bf16")
     snippet_chars: int = opt(160, "characters of text kept per row of predictions.jsonl", bounds="[0, inf)")
 

@@ -1,4 +1,5 @@
-"""The numeric precision inference runs in: fp32, bf16 autocast, or int8 dynamic quantization.
+"""What inference runs: the precision (fp32, bf16 autocast, int8 dynamic quantization) and the
+runtime (torch, or ONNX Runtime: onnx_export.py).
 
 One place decides it for `evaluate.py` and for validation during training (both go through
 `predict.predict_logits`), so the two cannot disagree about what a number was computed in.
@@ -16,6 +17,11 @@ One place decides it for `evaluate.py` and for validation during training (both 
   and works in torch 2.13 (its DeprecationWarning is silenced here, knowingly), and torchao is not
   a dependency of this project. The copy is made per call: during training the weights change
   between validations, and quantizing MiniLM takes well under a second.
+
+The runtime (eval.runtime) is a second, orthogonal choice: `torch` runs the model as above;
+`onnxruntime` runs an ONNX export of it, fused, in fp32 or int8 (its own quantizer; bf16 is refused
+when the config loads). A separate key rather than more precision values because the two compose:
+"int8" names the numbers either way, the runtime names the engine, and the report records both.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import warnings
 from typing import Any
 
 PRECISIONS = ("fp32", "bf16", "int8")
+RUNTIMES = ("torch", "onnxruntime")
+ORT_PRECISIONS = ("fp32", "int8")
 _warned_deprecated = False
 
 
@@ -47,16 +55,35 @@ def attention_of(model: Any) -> str:
     return str(getattr(model.config, "_attn_implementation", None) or "default")
 
 
-def for_inference(model: Any, precision: str, device: Any) -> Any:
-    """The model to run `precision` with: the model itself (fp32, bf16) or an int8 copy."""
+def for_inference(model: Any, precision: str, device: Any, runtime: str = "torch",
+                  onnx_dir: Any = None, scratch: Any = None) -> Any:
+    """The model to run `precision` with: the model itself (fp32, bf16), an int8 copy, or (runtime
+    onnxruntime) an ONNX Runtime session over its export, cached in `onnx_dir` when given, else
+    exported into a temporary folder under `scratch` (onnx_export.session_for)."""
     if precision not in PRECISIONS:
         raise ValueError(f"eval.precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if runtime not in RUNTIMES:
+        raise ValueError(f"eval.runtime: {runtime!r} is not one of {', '.join(RUNTIMES)}")
+    if runtime == "onnxruntime":
+        return _onnxruntime(model, precision, device, onnx_dir, scratch)
     if precision != "int8":
         return model
     if device.type != "cpu":
         raise ValueError(f"eval.precision=int8 runs on a CPU only (this run is on {device.type}); "
                          f"use eval.precision=bf16 or fp32 there")
     return quantize_int8(model)
+
+
+def _onnxruntime(model: Any, precision: str, device: Any, onnx_dir: Any, scratch: Any) -> Any:
+    # an error, not a CPU fallback: on a GPU machine a silent CPU session would be many times slower
+    if device.type != "cpu":
+        raise ValueError(f"eval.runtime=onnxruntime runs on a CPU only (this run is on {device.type}); "
+                         f"use eval.runtime=torch there")
+    if precision not in ORT_PRECISIONS:
+        raise ValueError(f"eval.runtime=onnxruntime runs eval.precision fp32 or int8, not {precision}")
+    from pipeline.evaluation import onnx_export
+
+    return onnx_export.session_for(model, precision, onnx_dir, scratch)
 
 
 def quantize_int8(model: Any) -> Any:

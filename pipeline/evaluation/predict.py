@@ -60,12 +60,15 @@ def _place(index: np.ndarray, logits: np.ndarray, n: int) -> np.ndarray:
 
 
 def predict_logits(
-    model: Any, dataset: Any, batch_size: int, accelerator: Any, precision: str = "fp32", progress: bool = True
+    model: Any, dataset: Any, batch_size: int, accelerator: Any, precision: str = "fp32", progress: bool = True,
+    runtime: str = "torch", onnx_dir: Any = None, scratch: Any = None,
 ) -> np.ndarray:
     """(len(dataset), num_labels) float32 logits in dataset order, on every process.
 
-    `precision` (inference.PRECISIONS) is applied here, so evaluate.py and validation run it alike;
-    int8 quantizes a copy and leaves `model` as it was."""
+    `precision` (inference.PRECISIONS) and `runtime` (inference.RUNTIMES) are applied here, so
+    evaluate.py and validation run them alike; int8 and onnxruntime work on a copy or an export and
+    leave `model` as it was. onnx_dir / scratch: where an onnxruntime export is cached / made
+    temporarily (inference.for_inference)."""
     import torch
     from tqdm.auto import tqdm
 
@@ -73,7 +76,8 @@ def predict_logits(
     rank, world = accelerator.process_index, accelerator.num_processes
     batches = plan_batches([len(s) for s in sequences], batch_size)
     mine = shard(batches, rank, world)
-    model = inference.for_inference(model.to(accelerator.device).eval(), precision, accelerator.device)
+    model = inference.for_inference(model.to(accelerator.device).eval(), precision, accelerator.device,
+                                    runtime, onnx_dir, scratch)
     pad_id, index, chunks = _pad_id(model), [], []
     multiple = pad_multiple(accelerator.device.type, 8)
     bar = tqdm(total=sum(len(b) for b in mine), unit="ex", desc=f"predict[{rank}]", disable=not (progress and accelerator.is_main_process))

@@ -115,6 +115,12 @@ def write_tensorboard(out: Path, metrics: dict, label_names: list[str], step: in
         writer.close()
 
 
+def _export_note(export: dict | None) -> str:
+    if not export:
+        return ""
+    return " (cached export reused)" if export.get("reused") else " (exported)"
+
+
 def format_table(metrics: dict) -> str:
     """The readable summary printed at the end: headline metrics, per class, confusion matrix."""
     chunk, doc, names = metrics["chunk"], metrics["document"], metrics["label_names"]
@@ -122,7 +128,8 @@ def format_table(metrics: dict) -> str:
         f"split '{metrics['split']}', checkpoint '{metrics['checkpoint']}' ({metrics['checkpoint_path']})",
         f"{chunk['examples']} examples (chunks) in {doc['examples']} documents, "
         f"{metrics['examples_per_second']:.1f} examples/s on {metrics['processes']} process(es), "
-        f"precision {metrics.get('precision', 'fp32')}, attention {metrics.get('attention', '?')}",
+        f"precision {metrics.get('precision', 'fp32')}, attention {metrics.get('attention', '?')}, "
+        f"runtime {metrics.get('runtime', 'torch')}" + _export_note(metrics.get("onnx_export")),
         *([f"test set: {metrics['test_set']}"] if metrics.get("test_set") else []),
         "",
         f"{'metric':<10} {'chunks':>8} {'documents':>10}",

@@ -61,6 +61,15 @@ def _test_set(prepared: Any, documents: int) -> str:
     return report.describe_test_set(stage_manifests(prepared.stage_dir), documents)
 
 
+def _onnx_cache(ckpt: Path, model: Any, precision: str, runtime: str) -> Path | None:
+    """Where eval.runtime=onnxruntime keeps this checkpoint's export (None: torch, or no manifest to key it by)."""
+    if runtime != "onnxruntime":
+        return None
+    from pipeline.evaluation import onnx_export
+
+    return onnx_export.cache_dir(ckpt, model, precision)
+
+
 def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bool = True) -> dict | None:
     """Run the whole evaluation; the metrics dict on the main process, None on the others."""
     from pipeline.accel import make_accelerator
@@ -73,8 +82,11 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
     model_io.check_labels(model, prepared.label_names, ckpt)
     accelerator = make_accelerator()  # one gloo group when launched as several CPU processes
     start = time.perf_counter()
-    precision = inference.precision_of(cfg.eval)
-    logits = predict.predict_logits(model, dataset, cfg.eval.batch_size, accelerator, precision, progress)
+    precision, runtime = inference.precision_of(cfg.eval), cfg.eval.runtime
+    onnx_dir = _onnx_cache(ckpt, model, precision, runtime)
+    reused = onnx_dir is not None and artifacts.is_complete(onnx_dir)
+    logits = predict.predict_logits(model, dataset, cfg.eval.batch_size, accelerator, precision, progress,
+                                    runtime, onnx_dir, scratch=cfg.run_dir)
     seconds = time.perf_counter() - start
     if not accelerator.is_main_process:
         accelerator.end_training()
@@ -90,8 +102,10 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
         "step": model_io.checkpoint_step(ckpt), "label_names": prepared.label_names,
         "chunk": chunk, "document": document,
         "seconds": round(seconds, 3), "examples_per_second": len(dataset) / max(seconds, 1e-9),
-        "processes": accelerator.num_processes, "precision": precision, "bf16": precision == "bf16",
-        "attention": inference.attention_of(model), "batch_size": cfg.eval.batch_size,
+        "processes": accelerator.num_processes, "precision": precision, "bf16": precision == "bf16", "runtime": runtime,
+        "onnx_export": None if runtime == "torch" else {"dir": str(onnx_dir) if onnx_dir else None, "reused": reused},
+        "attention": inference.attention_of(model) if runtime == "torch" else "fused (onnxruntime Attention)",
+        "batch_size": cfg.eval.batch_size,
         "test_set": _test_set(prepared, len(docs.ids)) if cfg.eval.split == "test" else None,
         "data_fingerprint": prepared.fingerprint, "training_data_fingerprint": trained_on, "output_dir": str(out), "versions": artifacts.library_versions(),
     }

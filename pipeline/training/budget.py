@@ -182,10 +182,12 @@ def _validation_seconds(s: Any) -> float:
     # warm-up, untimed: the metric modules load once per process, not once per validation
     evaluate(s.acc, s.model, s.val_ds.select(rows[:1]), 1, s.label_names, precision)
     start = time.perf_counter()
-    for_inference(s.acc.unwrap_model(s.model), precision, s.acc.device)  # int8: the copy each validation makes
+    runtime, scratch = s.cfg.eval.runtime, s.cfg.run_dir
+    # int8: the copy each validation makes; onnxruntime: the export each validation makes
+    for_inference(s.acc.unwrap_model(s.model), precision, s.acc.device, runtime, scratch=scratch)
     fixed = time.perf_counter() - start
     start = time.perf_counter()
-    evaluate(s.acc, s.model, s.val_ds.select(rows), s.cfg.eval.batch_size, s.label_names, precision)
+    evaluate(s.acc, s.model, s.val_ds.select(rows), s.cfg.eval.batch_size, s.label_names, precision, runtime, scratch)
     return fixed + max(time.perf_counter() - start - fixed, 0.0) * n / len(rows)
 
 

@@ -11,14 +11,18 @@ from pipeline.evaluation.predict import predict_logits
 from pipeline.evaluation.scores import logit_metrics
 
 
-def evaluate(acc, model, ds, batch_size: int, label_names: list[str], precision: str = "fp32") -> dict:
+def evaluate(acc, model, ds, batch_size: int, label_names: list[str], precision: str = "fp32",
+             runtime: str = "torch", scratch=None) -> dict:
     """Every scalar validation metric (loss, accuracy, macro/micro F1, examples) of the model as it is now.
 
     `precision` is eval.precision (inference.precision_of): int8 scores a quantized copy, as
-    evaluate.py would, and leaves the training model untouched."""
+    evaluate.py would, and leaves the training model untouched. `runtime` is eval.runtime:
+    onnxruntime exports these weights into a temporary folder under `scratch` (the run directory),
+    removed once loaded."""
     was_training = model.training
     # unwrap_model keeps accelerate's autocast wrapper: fp32 validation runs in the precision training does
-    logits = predict_logits(acc.unwrap_model(model), ds, batch_size, acc, precision, progress=False)
+    logits = predict_logits(acc.unwrap_model(model), ds, batch_size, acc, precision, progress=False,
+                            runtime=runtime, scratch=scratch)
     model.train(was_training)
     metrics = logit_metrics(logits, ds["label"][:], label_names)
     return {k: v for k, v in metrics.items() if isinstance(v, (int, float))}

@@ -115,3 +115,20 @@ def test_int8_evaluation_says_its_precision_and_attention(world, capsys):
     with pytest.raises(SystemExit):
         _main(argv + ["--bf16"])  # two precisions at once: refused, naming both
     assert "--bf16 (deprecated spelling of --precision bf16) conflicts with --precision int8" in capsys.readouterr().err
+
+
+def test_onnxruntime_evaluation_says_its_runtime_and_a_second_run_reuses_the_export(world, capsys):
+    pytest.importorskip("onnxruntime")
+    argv = ["--config", str(world.config_path), "--split", "test", "--quiet", "--precision", "int8", "--runtime", "onnxruntime"]
+    runs = []
+    for _ in range(2):
+        assert _main(argv) == 0
+        runs.append(json.loads((world.run_dir / "eval" / "test-final" / "metrics.json").read_text()))
+    first, second = runs
+    assert (first["runtime"], first["precision"], first["onnx_export"]["reused"]) == ("onnxruntime", "int8", False)
+    assert second["onnx_export"] == {"dir": first["onnx_export"]["dir"], "reused": True}
+    assert Path(first["onnx_export"]["dir"]).parent == world.run_dir / ".onnx"  # beside final/, keyed by its weights
+    assert second["chunk"]["accuracy"] == first["chunk"]["accuracy"]
+    out = capsys.readouterr().out
+    assert "precision int8, attention fused (onnxruntime Attention), runtime onnxruntime (exported)" in out
+    assert "runtime onnxruntime (cached export reused)" in out

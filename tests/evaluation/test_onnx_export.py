@@ -1,0 +1,169 @@
+"""eval.runtime=onnxruntime: the ONNX export matches torch, int8 keeps the predictions, the cache is
+reused and invalidated by the weights, a failed export leaves nothing behind, and the config and
+model checks are one clear line. Exports are slow-ish (~5-15 s each on 2 loaded cores), so tests
+share them where they can."""
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from accelerate import Accelerator
+from safetensors.torch import save_file
+from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
+
+from pipeline import artifacts
+from pipeline.config import ConfigError, load_config
+from pipeline.evaluation import inference, onnx_export, predict
+from pipeline.training import checkpoint
+
+pytest.importorskip("onnxruntime")
+ACC = Accelerator(cpu=True)
+
+
+def _final(world):
+    return AutoModelForSequenceClassification.from_pretrained(world.run_dir / "final").eval()
+
+
+def _test_split(world):
+    return datasets.load_from_disk(str(world.stage_dir / "data"))["test"]
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """The number of exports made (onnx_export.export calls)."""
+    calls = []
+    real = onnx_export.export
+
+    def export(*args, **kwargs):
+        calls.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(onnx_export, "export", export)
+    return calls
+
+
+def test_fp32_logits_equal_torch_within_1e_4_and_the_graph_is_fused(world, tmp_path, counted):
+    model, ds = _final(world), _test_split(world)
+    torch_logits = predict.predict_logits(model, ds, 4, ACC, progress=False)
+    folder = tmp_path / "onnx"
+    ort_logits = predict.predict_logits(model, ds, 4, ACC, progress=False, runtime="onnxruntime", onnx_dir=folder)
+    assert ort_logits.shape == (13, 3)  # 13 rows of 3-8 tokens in batches of 4: dynamic batch and sequence
+    assert np.abs(ort_logits - torch_logits).max() < 1e-4
+    info = artifacts.read_json(folder / artifacts.MANIFEST)
+    assert info["fused"]["Attention"] == 2 and info["fused"]["SkipLayerNormalization"] == 4
+    assert info["inputs"] == ["input_ids", "attention_mask"] and counted == ["fp32"]
+    assert sorted(p.name for p in folder.iterdir()) == [artifacts.MANIFEST, onnx_export.MODEL_FILE]
+
+
+def _trained_tiny_bert(seed: int = 0):
+    """A 2-layer BERT trained for a few seconds on token-id documents whose class is the token group
+    most of their tokens come from; (model, dataset of 300 held-out documents, their labels)."""
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+
+    def documents(n):
+        labels = rng.integers(0, 3, n)
+        docs = []
+        for c in labels:
+            length = int(rng.integers(8, 48))
+            own = rng.integers(10 + 20 * c, 30 + 20 * c, length)  # the class's tokens
+            noise = rng.integers(10, 70, length)
+            docs.append([2, *np.where(rng.random(length) < 0.45, own, noise).tolist(), 3])
+        return docs, labels
+
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=80, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        max_position_embeddings=64, num_labels=3, pad_token_id=0))
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    from pipeline.training.batching import pad
+
+    for _ in range(120):
+        docs, labels = documents(32)
+        loss = model(**pad(docs, 0), labels=torch.as_tensor(labels)).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    docs, labels = documents(300)
+    return model.eval(), datasets.Dataset.from_dict({"input_ids": docs}), labels
+
+
+def test_int8_predictions_agree_with_fp32_on_most_rows_of_a_trained_model():
+    model, ds, labels = _trained_tiny_bert()
+    fp32 = predict.predict_logits(model, ds, 32, ACC, progress=False, runtime="onnxruntime")
+    int8 = predict.predict_logits(model, ds, 32, ACC, "int8", progress=False, runtime="onnxruntime")
+    assert np.mean(fp32.argmax(1) == labels) > 0.9  # it learned the task: its predictions mean something
+    assert not np.allclose(int8, fp32, atol=1e-4)  # int8 ran, not fp32 again
+    agree = np.mean(int8.argmax(1) == fp32.argmax(1))
+    assert agree >= 0.95, f"int8 kept {agree:.1%} of fp32's predictions"
+
+
+def test_the_cache_is_reused_and_changed_weights_export_again(world, counted):
+    ckpt = world.run_dir / "checkpoints" / "step-4"
+    model, ds = AutoModelForSequenceClassification.from_pretrained(world.run_dir / "final").eval(), _test_split(world)
+    checkpoint.load_weights(ckpt, model)
+    folder = onnx_export.cache_dir(ckpt, model, "int8")
+    assert folder.parent == ckpt.parent / ".onnx"
+    first = predict.predict_logits(model, ds, 4, ACC, "int8", progress=False, runtime="onnxruntime", onnx_dir=folder)
+    stamp = (folder / onnx_export.MODEL_FILE).stat().st_mtime_ns
+    again = predict.predict_logits(model, ds, 4, ACC, "int8", progress=False, runtime="onnxruntime", onnx_dir=folder)
+    assert counted == ["int8"] and (folder / onnx_export.MODEL_FILE).stat().st_mtime_ns == stamp
+    np.testing.assert_array_equal(first, again)
+    assert onnx_export.cache_dir(ckpt, model, "fp32") != folder  # precision is part of the key
+    # new weights in the same checkpoint folder (its manifest rewritten): a new key, a new export
+    with torch.no_grad():
+        model.classifier.weight.mul_(-1)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(ckpt / "model.safetensors"))
+    checkpoint.write_manifest(ckpt, kind="checkpoint")
+    changed = onnx_export.cache_dir(ckpt, model, "int8")
+    assert changed != folder
+    flipped = predict.predict_logits(model, ds, 4, ACC, "int8", progress=False, runtime="onnxruntime", onnx_dir=changed)
+    assert counted == ["int8", "int8"]
+    assert np.abs(flipped - first).max() > 1e-3  # the new weights' logits, not the cached ones
+
+
+def test_a_crash_mid_export_leaves_no_half_written_cache(world, tmp_path, monkeypatch):
+    model, ds = _final(world), _test_split(world)
+    folder = tmp_path / ".onnx" / "int8-key"
+    left = tmp_path / ".onnx" / ".int8-key.tmp-999999999-deadbeef"  # what a process killed mid-export leaves
+    left.mkdir(parents=True)
+    (left / "exported.onnx").write_bytes(b"half")
+
+    def crash(*_):
+        raise RuntimeError("killed mid-quantization")
+
+    monkeypatch.setattr(onnx_export, "_quantize", crash)
+    with pytest.raises(RuntimeError, match="killed mid-quantization"):
+        predict.predict_logits(model, ds, 4, ACC, "int8", progress=False, runtime="onnxruntime", onnx_dir=folder)
+    assert not folder.exists() and list((tmp_path / ".onnx").iterdir()) == []  # the dead writer's temporary too
+    monkeypatch.undo()
+    got = predict.predict_logits(model, ds, 4, ACC, "int8", progress=False, runtime="onnxruntime", onnx_dir=folder)
+    assert artifacts.is_complete(folder) and got.shape == (13, 3)
+
+
+def test_validation_exports_into_the_run_dir_and_cleans_up(world):
+    from pipeline.training.evaluation import evaluate
+
+    model, ds = _final(world), _test_split(world)
+    model.train()
+    got = evaluate(ACC, model, ds, 4, world.label_names, "fp32", "onnxruntime", world.run_dir)
+    want = evaluate(ACC, model, ds, 4, world.label_names, "fp32")
+    assert model.training and model.config._attn_implementation != "eager"  # the training model is untouched
+    assert got["loss"] == pytest.approx(want["loss"], abs=1e-5) and got["accuracy"] == want["accuracy"]
+    assert not [p.name for p in world.run_dir.iterdir() if "onnx" in p.name]  # no export left behind
+
+
+def test_config_and_model_errors_are_one_line_naming_eval_runtime():
+    for bad in (["eval.precision=bf16"], ["eval.bf16=true"]):
+        with pytest.raises(ConfigError, match=r"^eval.runtime=onnxruntime runs eval.precision fp32 or int8, not bf16"):
+            load_config(None, ["eval.runtime=onnxruntime", *bad])
+    with pytest.raises(ConfigError, match="eval.runtime: 'openvino' is not one of 'torch', 'onnxruntime'"):
+        load_config(None, ["eval.runtime=openvino"])
+    assert load_config(None, ["eval.runtime=onnxruntime", "eval.precision=int8"]).eval.runtime == "onnxruntime"
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    gpt2 = GPT2ForSequenceClassification(GPT2Config(vocab_size=50, n_positions=16, n_embd=8, n_layer=1, n_head=2))
+    with pytest.raises(ValueError, match=r"^eval.runtime=onnxruntime: GPT2ForSequenceClassification \(model_type "
+                                         r"'gpt2'\) cannot be exported .*; use eval.runtime=torch$"):
+        inference.for_inference(gpt2, "fp32", torch.device("cpu"), "onnxruntime")
+    with pytest.raises(ValueError, match="eval.runtime=onnxruntime runs on a CPU only"):
+        inference.for_inference(gpt2, "int8", torch.device("cuda"), "onnxruntime")
