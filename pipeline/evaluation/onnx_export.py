@@ -31,6 +31,7 @@ import contextlib
 import copy
 import fcntl
 import inspect
+import logging
 import os
 import shutil
 import time
@@ -133,9 +134,16 @@ def _quantize(fused: Path, out: Path) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    # the fused com.microsoft ops defeat ONNX shape inference; their outputs are float32
-    quantize_dynamic(str(fused), str(out), weight_type=QuantType.QInt8, per_channel=PER_CHANNEL,
-                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    # the fused com.microsoft ops defeat ONNX shape inference; their outputs are float32. The quantizer
+    # logs a root-logger WARNING advising pre-processing (for static quantization of CNNs): not ours to act on
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        quantize_dynamic(str(fused), str(out), weight_type=QuantType.QInt8, per_channel=PER_CHANNEL,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    finally:
+        root.setLevel(level)
 
 
 def export(model: Any, precision: str, folder: Path) -> dict:
