@@ -64,16 +64,11 @@ def timed(cmd: list[str], log: Path) -> float:
     return time.perf_counter() - start
 
 
-def step_seconds(run_dir: Path) -> float:
-    """The optimizer steps' own time: the sum of the train records' `seconds` in metrics.jsonl."""
+def training_record(run_dir: Path) -> tuple[float, int]:
+    """From metrics.jsonl: the optimizer steps' own time (the sum of the train records' `seconds`) and
+    the last step recorded (train.max_minutes decides it at run time)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return sum(r["seconds"] for r in rows if "tokens_per_s" in r)
-
-
-def last_step(run_dir: Path) -> int:
-    """The last optimizer step metrics.jsonl recorded (train.max_minutes decides it at run time)."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return max((r.get("step", 0) for r in rows), default=0)
+    return sum(r["seconds"] for r in rows if "tokens_per_s" in r), max((r.get("step", 0) for r in rows), default=0)
 
 
 def run_variant(name: str, extra: list[str], args, corpus: Path, root: Path) -> dict:
@@ -86,8 +81,7 @@ def run_variant(name: str, extra: list[str], args, corpus: Path, root: Path) -> 
     row["train_s"] = timed([py, "pipeline/train.py", *config, *over], root / f"{out.name}-train.log")
     row["eval_s"] = timed([py, "pipeline/evaluate.py", *config, "--split", "test", "--quiet", *over],
                           root / f"{out.name}-eval.log")
-    row["steps_s"] = step_seconds(out / "run")
-    row["steps"] = last_step(out / "run")
+    row["steps_s"], row["steps"] = training_record(out / "run")
     metrics = json.loads((out / "run" / "eval" / "test-final" / "metrics.json").read_text())
     doc, chunk = metrics["document"], metrics["chunk"]
     row.update(docs=doc["examples"], rows=chunk["examples"], accuracy=doc["accuracy"], macro_f1=doc["macro_f1"],

@@ -263,9 +263,11 @@ def _validate_runtime(e: EvalConfig) -> None:
     """eval.runtime=onnxruntime: fp32 or int8 only, and its packages installed (checked before any work)."""
     import importlib.util
 
-    if e.runtime == "onnxruntime" and (e.bf16 or e.precision == "bf16"):
+    if e.runtime != "onnxruntime":
+        return
+    if e.bf16 or e.precision == "bf16":
         raise ConfigError("eval.runtime=onnxruntime runs eval.precision fp32 or int8, not bf16; use eval.runtime=torch for bf16")
-    missing = [n for n in ("onnxruntime", "onnx") if e.runtime == "onnxruntime" and importlib.util.find_spec(n) is None]
+    missing = [n for n in ("onnxruntime", "onnx") if importlib.util.find_spec(n) is None]
     if missing:
         raise ConfigError(f"eval.runtime=onnxruntime needs {' and '.join(missing)}: pip install -c constraints.txt -e '.[onnx]'")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,19 @@ class LocalEngine:
         """`map_batches` below; in up to num_proc processes (one per `min_rows_per_proc` rows) when given."""
         procs = min(self.num_proc, ds.num_rows // min_rows_per_proc) if min_rows_per_proc and self.num_proc > 1 else 1
         return map_batches(ds, fn, added, **({"num_proc": procs} if procs > 1 else {}), **kwargs)
+
+    def stage(self, tmp: Path) -> contextlib.AbstractContextManager:
+        """While a stage runs in its temporary folder `tmp`: nothing to set up here (Ray's maps write there)."""
+        return contextlib.nullcontext()
+
+    @staticmethod
+    def save(data: Any, folder: Path) -> None:
+        """save_to_disk, with one shard for each empty dataset: datasets writes zero shards for one,
+        and load_from_disk then fails (IndexError) on the folder it wrote itself."""
+        if hasattr(data, "num_rows") and isinstance(data.num_rows, int):
+            data.save_to_disk(str(folder), num_shards=1 if data.num_rows == 0 else None)
+        else:
+            data.save_to_disk(str(folder), num_shards={k: 1 for k, d in data.items() if d.num_rows == 0})
 
 
 @dataclass

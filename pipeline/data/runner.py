@@ -13,7 +13,6 @@ import statements, not from a list kept by hand), so editing any helper a stage 
 from __future__ import annotations
 
 import ast
-import contextlib
 import dataclasses
 import shutil
 import sys
@@ -255,23 +254,13 @@ def _check_readable(data: Any, name: str) -> None:
         raise ValueError(f"stage '{name}' made splits with different columns, nothing was saved: {features}")
 
 
-def _save(data: Any, folder: Path) -> None:
-    """save_to_disk, with one shard for each empty dataset: datasets writes zero shards for one,
-    and load_from_disk then fails (IndexError) on the folder it wrote itself."""
-    if hasattr(data, "num_rows") and isinstance(data.num_rows, int):
-        data.save_to_disk(str(folder), num_shards=1 if data.num_rows == 0 else None)
-    else:
-        data.save_to_disk(str(folder), num_shards={k: 1 for k, d in data.items() if d.num_rows == 0})
-
-
 def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, ctx: StageContext):
     import datasets
 
     datasets.disable_caching()  # stages cache themselves; no cache-*.arrow files inside earlier stages' dirs
     start = time.perf_counter()
     rows_in = num_rows(data) if data is not None else None
-    engine_stage = getattr(ctx.engine, "stage", None) or (lambda _: contextlib.nullcontext())
-    with artifacts.atomic_dir(out, replace=True) as tmp, engine_stage(tmp):  # Ray: its maps' shards under tmp
+    with artifacts.atomic_dir(out, replace=True) as tmp, ctx.engine.stage(tmp):  # Ray: its maps' shards under tmp
         ctx = dataclasses.replace(ctx, out_dir=tmp)
         result = stage.run(data, ctx)
         if num_rows(result.data) == 0:
@@ -280,7 +269,7 @@ def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, ctx: 
                 f"stage '{stage.name}' left no rows (dropped: {result.dropped or 'none'}); "
                 f"loosen its settings in the config's `{section}` section ({section}.*)"
             )
-        (getattr(ctx.engine, "save", None) or _save)(result.data, tmp / "data")  # Ray: a shard per task
+        ctx.engine.save(result.data, tmp / "data")  # Ray: a shard per task
         _check_readable(_load(tmp), stage.name)  # a stage that cannot be read back is never marked complete
         man = artifacts.manifest(
             stage=stage.name,

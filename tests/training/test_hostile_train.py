@@ -84,13 +84,14 @@ def test_an_empty_validation_split_is_refused_before_training(prepared, fresh_ac
 
     from pipeline import artifacts
     from pipeline.data import runner
+    from pipeline.data.common import LocalEngine
 
     config = prepared()
     info = artifacts.read_json(run_dir(config).parent / "data" / runner.PREPARED)
     data = Path(info["stage_dir"]) / "data"
     splits = datasets.load_from_disk(str(data))
     splits["validation"] = splits["validation"].select([])  # what split.validation=0 prepares
-    runner._save(splits, data.with_name("data-new"))
+    LocalEngine.save(splits, data.with_name("data-new"))
     shutil.rmtree(data)
     data.with_name("data-new").rename(data)
     with pytest.raises(ValueError, match=r"validation split .* is empty .*set split.validation above 0"):
