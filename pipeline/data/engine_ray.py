@@ -66,7 +66,7 @@ import numpy as np
 from pipeline.config import RayConfig
 from pipeline.data import minhash
 from pipeline.data.engines import StageFailed
-from pipeline.data import ray_io
+from pipeline.data import ray_dedup, ray_io
 from pipeline.data import ray_tasks as tasks
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # what workers put on sys.path: this checkout's `pipeline`
@@ -252,17 +252,19 @@ class RayEngine:
             ray_io.write_metadata(ds, where, n)
 
     # ------------------------------------------------------------ dedup
-    def _verified_pairs(self, texts: list[str], cfg: Any, threshold: float, normalized: bool, split_at: int = 0):
-        """Verified similar pairs among `texts` through the shuffle (ray_tasks' docstring): (edge refs,
-        candidates, verified, block starts, sketch refs, bands, rows). split_at > 0: only pairs
-        i < split_at <= j (a join)."""
+    def _verified_pairs(self, n: int, segments: Any, cfg: Any, threshold: float, normalized: bool, split_at: int = 0):
+        """Verified similar pairs among n texts through the shuffle (ray_tasks' docstring): (edge refs,
+        candidates, verified, block starts, sketch refs, bands, rows). segments(s, e): where the sketch
+        task of texts s:e reads them ((packed Dataset, rows) pairs: ray_dedup.py). split_at > 0: only
+        pairs i < split_at <= j (a join)."""
         ray = _import_ray()
         b, r = minhash.lsh_params(threshold, cfg.num_perm, cfg.bands, cfg.rows, cfg.verify)
-        n, nb = len(texts), self.blocks(len(texts))
+        nb = self.blocks(n)
         parts = nb  # shuffle partitions
         starts = np.linspace(0, n, nb + 1).astype(np.int64)
-        sketch = ray.remote(tasks._sketch_block).options(num_returns=1 + parts, **self._options())
-        mapped = [sketch.remote(texts[s:e], int(s), cfg, b, r, parts, normalized) for s, e in zip(starts[:-1], starts[1:])]
+        sketch = ray.remote(ray_dedup._sketch_rows).options(num_returns=1 + parts, **self._options())
+        mapped = [sketch.remote(segments(int(s), int(e)), normalized, int(s), cfg, b, r, parts)
+                  for s, e in zip(starts[:-1], starts[1:])]
         sketches = [m[0] for m in mapped]
         group = ray.remote(tasks._band_pairs).options(num_returns=parts, **self._options())
         grouped = [_as_list(group.remote(n, parts, split_at, *[m[1 + p] for m in mapped])) for p in range(parts)]
@@ -294,29 +296,31 @@ class RayEngine:
         self.traffic = {"band_key_bytes": band_key_bytes, "verify_sketch_bytes": fetched,
                         "all_blocks_sketch_bytes": whole, "parts": parts}
 
-    def near_clusters(self, texts: list[str], cfg: Any) -> tuple[np.ndarray, Any, dict]:
-        """dedup._near_clusters's three answers (labels, Jaccard of pairs, stats), from tasks on Ray."""
+    def near_rows(self, packed: tuple, reps: np.ndarray, cfg: Any) -> tuple[np.ndarray, Any, dict]:
+        """dedup._near_clusters's three answers (labels, Jaccard of pairs, stats) for rows `reps` of the
+        packed Dataset, from tasks on Ray that read and normalize those rows' texts themselves."""
         from pipeline.data.dedup import near_stats
 
-        checked, candidates, verified, starts, sketches, b, r = self._verified_pairs(texts, cfg, cfg.threshold, True)
+        checked, candidates, verified, starts, sketches, b, r = self._verified_pairs(
+            len(reps), lambda s, e: [(packed, reps[s:e])], cfg, cfg.threshold, True)
         edge_refs = [c[0] for c in checked]
         if verified <= self.cfg.driver_edges:
             edges = np.concatenate(self._get(edge_refs, "dedup (collecting pairs)"))
-            labels = minhash.union_find(len(texts), edges.astype(np.int64).reshape(-1, 2))
+            labels = minhash.union_find(len(reps), edges.astype(np.int64).reshape(-1, 2))
         else:
-            labels = self._components(len(texts), edge_refs)
+            labels = self._components(len(reps), edge_refs)
         stats = near_stats(candidates, verified, cfg, b, r, len(sketches))
         return labels, functools.partial(self._jaccard, starts, sketches), stats
 
-    def cross_duplicates(self, reference_texts: list[str], query_texts: list[str], cfg: Any, threshold: float,
-                         num_proc: int = 1) -> list[tuple[int, int, float]]:
-        """minhash.cross_duplicates's answer (each query text's most similar reference text at Jaccard >=
-        threshold, ties to the smallest reference index): a band-key join of the two sides, verified."""
-        reference_texts, query_texts = minhash._as_list(reference_texts), minhash._as_list(query_texts)
-        if not reference_texts or not query_texts:
+    def cross_duplicates(self, reference: Any, query: Any, cfg: Any, threshold: float, num_proc: int = 1) -> list:
+        """minhash.cross_duplicates's answer for the two datasets' texts (each query row's most similar
+        reference row at Jaccard >= threshold, ties to the smallest reference row): a band-key join of
+        the two sides, verified, the sketch tasks reading the texts themselves."""
+        if not reference.num_rows or not query.num_rows:
             return []
-        nr = len(reference_texts)
-        checked, *_ = self._verified_pairs(reference_texts + query_texts, cfg, threshold, False, split_at=nr)
+        nr = reference.num_rows
+        checked, *_ = self._verified_pairs(nr + query.num_rows, ray_dedup.joined(reference, query), cfg, threshold,
+                                           False, split_at=nr)
         found = self._get([x for c in checked for x in c], "the leakage check")
         pairs, sim = np.concatenate(found[0::2]).reshape(-1, 2), np.concatenate(found[1::2])
         order = np.lexsort((pairs[:, 0], -sim, pairs[:, 1]))  # by query, highest Jaccard, smallest reference
@@ -324,6 +328,17 @@ class RayEngine:
         first = np.ones(len(pairs), dtype=bool)
         first[1:] = pairs[1:, 1] != pairs[:-1, 1]
         return [(q - nr, i, s) for (i, q), s in zip(pairs[first].tolist(), sim[first].tolist())]
+
+    def plan_dedup(self, ds: Any, cfg: Any, protected: Any) -> tuple[Any, Any]:
+        """dedup's plan of `ds` from tasks' fixed-width facts, and the ids and texts (of only the rows
+        in a cluster) its report reads: ray_dedup.plan."""
+        return ray_dedup.plan(self, ds, cfg, protected)
+
+    def value_codes(self, ds: Any, name: str) -> tuple[list, np.ndarray]:
+        return ray_dedup.value_codes(self, ds, name)
+
+    def fetch(self, ds: Any, rows: list[int], name: str) -> list:
+        return ray_dedup.fetch(self, ds, rows, name)
 
     def _components(self, n: int, edge_refs: list) -> np.ndarray:
         """(n,) the smallest index of each node's component, the edges staying in their shards."""
