@@ -12,9 +12,14 @@ What moves and what stays (the engines differ in how they move data, never in wh
   `save_to_disk(num_shards=blocks)` writes, byte for byte (tested). Plain Ray tasks rather than Ray
   Data's map_batches: Ray Data neither reads a datasets folder through its indices and column
   operations nor writes datasets' layout, and the stage's rows must not come back to the driver.
+- Dedup's facts and strings (ray_dedup.py): per block, a task reads its rows from the stage's files
+  and returns a 128-bit hash of each normalized text and its length; ids and texts are fetched by
+  tasks for only the rows in an exact group or a near cluster (the rank's ties, the report), and
+  rows of one hash group are compared by text, so the plan (dedup.plan_rows, as locally) is exact.
 - Dedup's near-duplicate search, as a map-reduce over Ray tasks (minhash.py does the arithmetic,
   ray_tasks.py holds the task bodies and the chain's shapes):
-  1. per block: shingles and signatures (`minhash._sketch_chunk`), band keys (`minhash._band_keys`),
+  1. per block of the exact groups' representatives: their texts read and normalized by the task,
+     shingles and signatures (`minhash._sketch_chunk`), band keys (`minhash._band_keys`),
      hash-partitioned by band key (the shuffle's map side); the sketch stays in the object store;
   2. per partition: equal (band, key) groups -> candidate pairs, re-partitioned by pair;
   3. per pair partition: the rows its candidates name, cut out of each block's sketch where the
@@ -27,8 +32,9 @@ What moves and what stays (the engines differ in how they move data, never in wh
   5. the kept row, the report and its similarities (tasks given the sketches of the reported
      pairs' rows only): dedup.py's order-free rule, as locally.
   Both give each text the smallest index of its component, so the plan is the local one exactly.
-- The leakage check (split): the same shuffle over train + validation/test, keeping only the pairs
-  across the two sides (a band-key join), verified; each query's best match chosen as locally.
+- The leakage check (split): the same shuffle over train + validation/test (the sketch tasks reading
+  both sides' rows), keeping only the pairs across the two sides (a band-key join), verified; each
+  query's best match chosen as locally; the ids of only the rows with a hit fetched by tasks.
 
 What still runs on the driver (the process that runs prepare), and what it holds:
 - load: the source is read here (readers.py), its whole table in memory once;
@@ -37,12 +43,12 @@ What still runs on the driver (the process that runs prepare), and what it holds
   the dropped rows, a pyarrow filter that materializes the kept rows in the driver's memory; the
   stage folders are written by the tasks (above), so every node must see output_dir (shared
   storage on a cluster; a task that cannot see a stage's file fails naming it in one line);
-- dedup: the texts and ids as Python lists (dedup.py's plan), each block's texts sent once to its
-  task, the labels (8 B per text) and, up to `ray.driver_edges`, the verified pairs (16 B each)
-  back; the plan of which row to keep and the report; split: the assignment by a hash of the id
-  and each query's best match; tokenize: training a tokenizer (on train).
-Measured (bench_ray.py, bench/RESULTS.md): a Ray dedup's driver peak RSS grows ~750 B per short
-document (100k-1 M; the local engine's process ~2.1 KiB, all of it).
+- dedup: no text, id or source_split column; fixed-width arrays per row (hash 16 B, length, exact
+  group, kept row, the near labels: ~100 B per row at its peak, all numpy), the verified pairs up to
+  `ray.driver_edges` (16 B each), and the ids and texts of only the rows in a cluster (dicts);
+  the plan of which row to keep and the report; split: the assignment by a hash of the id and
+  each query's best match (the ids of the rows with a hit only); tokenize: training a tokenizer.
+Measured (bench_ray.py --before, bench/RESULTS.md): see its "Ray dedup's driver" section.
 
 A task whose worker dies is rerun by Ray up to `ray.max_retries` times (a rerun map or save task
 writes its shard again from the start); past that the stage fails with `StageFailed` (one line)

@@ -149,7 +149,8 @@ def joined(reference: Any, query: Any):
     nr, pr, pq = reference.num_rows, ray_io.pack(reference), ray_io.pack(query)
 
     def segments(s: int, e: int) -> list:
-        return ([(pr, range(s, min(e, nr)))] if s < nr else []) + ([(pq, range(max(s, nr) - nr, e - nr))] if e > nr else [])
+        ref = [(pr, range(s, min(e, nr)))] if s < nr else []
+        return ref + ([(pq, range(max(s, nr) - nr, e - nr))] if e > nr else [])
 
     return segments
 
