@@ -57,28 +57,33 @@ class LocalEngine:
     @staticmethod
     def value_codes(ds: Any, name: str) -> tuple[list, Any]:
         """A column's distinct values and each row's place in them (dedup.value_codes)."""
-        from pipeline.data.dedup import value_codes
-
-        return value_codes(column(ds, name))
+        return _stage_module("dedup").value_codes(column(ds, name))
 
     def plan_dedup(self, ds: Any, cfg: Any, protected: Any) -> tuple[Any, Any]:
         """dedup's plan of `ds` and the ids and texts its report reads, from the columns as lists."""
-        from pipeline.data import dedup
-
+        dedup = _stage_module("dedup")
         texts, ids = column(ds, "text"), column(ds, "id")
         return dedup.plan_dedup(texts, ids, cfg, self.num_proc, None, protected), dedup.Strings(ids, texts)
 
     @staticmethod
     def cross_duplicates(reference: Any, query: Any, cfg: Any, threshold: float, num_proc: int = 1) -> list:
         """minhash.cross_duplicates of the two datasets' texts (a MinHashLSH index of the reference's)."""
-        from pipeline.data.minhash import cross_duplicates
-
-        return cross_duplicates(column(reference, "text"), column(query, "text"), cfg, threshold, num_proc)
+        find = _stage_module("minhash").cross_duplicates
+        return find(column(reference, "text"), column(query, "text"), cfg, threshold, num_proc)
 
     @staticmethod
     def fetch(ds: Any, rows: list[int], name: str) -> list:
         """Column `name` at `rows` (ascending), in that order."""
         return column(ds.select(rows), name)
+
+
+def _stage_module(name: str) -> Any:
+    """pipeline.data.<name>, imported by name: every stage imports this module, and runner's code
+    fingerprint follows import statements, so a plain import here would make every stage depend on
+    dedup's code. The stages that call these methods import those modules themselves (split: minhash)."""
+    import importlib
+
+    return importlib.import_module(f"pipeline.data.{name}")
 
 
 @dataclass

@@ -15,6 +15,8 @@ from collections import defaultdict
 import numpy as np
 
 from pipeline.config import SplitConfig
+# the local engine's leakage check runs minhash (common.LocalEngine.cross_duplicates): split's code fingerprint follows it
+from pipeline.data import minhash  # noqa: F401
 from pipeline.data.common import SPLITS, StageContext, StageResult, column, unit_hash
 
 SOURCE_SPLIT_NAMES = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
