@@ -2,8 +2,12 @@
 prepare, peak memory of the driver and of the workers, at several corpus sizes.
 
     nice -n 10 python bench/bench_ray.py [--sizes 100000,300000,1000000] [--prepare-synthetic 100000]
-                                         [--prepare-only] [--set KEY=VALUE ...] [--workers 0,1,2]
-                                         [--out bench/ray.json]
+                                         [--prepare-only | --dedup-only] [--before REV]
+                                         [--set KEY=VALUE ...] [--workers 0,1,2] [--out bench/ray.json]
+
+--before REV also runs every synthetic dedup with commit REV's code (its tree from `git archive`, each
+measurement its own process) and prints a before/after table of docs/s and the driver's peak RSS,
+with its growth per document.
 
 Corpora: the embedded tweets (the default config's clean-stage output, 38k rows) and prefixes of one
 synthetic corpus of short documents (12-24 words from a 5,000-word vocabulary; 10% near duplicates
@@ -165,6 +169,8 @@ def write_csv(texts: list[str], path: Path) -> list[str]:
 
 def child(job: dict) -> dict:
     """Time one dedup or one prepare with one engine; its memory peaks and (Ray) the shuffle's bytes."""
+    if job.get("repo"):  # --before: the dedup of another commit's tree
+        sys.path.insert(0, job["repo"])
     from pipeline.config import DedupConfig, RayConfig, load_config
     from pipeline.data import engine_ray, runner
     from pipeline.data.common import StageContext
@@ -195,7 +201,7 @@ def child(job: dict) -> dict:
 
 
 def measure(job: dict) -> dict:
-    cmd = ["nice", "-n", "10", sys.executable, __file__, "--child", json.dumps(job)]
+    cmd = ["nice", "-n", str(job.get("nice", 10)), sys.executable, __file__, "--child", json.dumps(job)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"{job['what']} {job['engine']} {job['workers']} failed:\n{done.stderr[-3000:]}")
@@ -206,29 +212,35 @@ def run(args, tmp: Path) -> list[dict]:
     engines = [(e, w) for e, w in ENGINES if str(w) in args.workers.split(",")]
     sizes = sorted(int(s) for s in args.sizes.split(",")) if not args.prepare_only else []
     texts = synthetic(max(sizes, default=0))
-    corpora = {"tweets (embedded)": tweets(tmp)} if not args.prepare_only else {}
+    corpora = {"tweets (embedded)": tweets(tmp)} if not (args.prepare_only or args.dedup_only) else {}
     for n in sizes:
         corpora[f"synthetic {n:,}"] = save_corpus(texts[:n], [f"s{k:08d}" for k in range(n)], tmp / f"corpus-{n}")
     del texts
-    csv_overrides = write_csv(synthetic(args.prepare_synthetic, seed=1), tmp / "synthetic.csv") + (args.set or [])
-    prepares = {"tweets (embedded)": args.set or [], f"synthetic {args.prepare_synthetic:,}": csv_overrides}
-    if args.prepare_only:
-        del prepares["tweets (embedded)"]
+    prepares = {}
+    if not args.dedup_only:
+        csv_overrides = write_csv(synthetic(args.prepare_synthetic, seed=1), tmp / "synthetic.csv") + (args.set or [])
+        prepares = {"tweets (embedded)": args.set or [], f"synthetic {args.prepare_synthetic:,}": csv_overrides}
+        if args.prepare_only:
+            del prepares["tweets (embedded)"]
+    codes = [("this checkout", "")] + ([(args.before, checkout(args.before, tmp))] if args.before else [])
     rows = []
     for name, path in corpora.items():
         reference = None
-        for engine, workers in engines:
+        for (engine, workers), (code, repo) in ((e, c) for e in engines for c in codes):
             out = tmp / f"dedup-{len(rows)}"
-            r = measure({"what": "dedup", "data": str(path), "engine": engine, "workers": workers, "out": str(out)})
+            r = measure({"what": "dedup", "data": str(path), "engine": engine, "workers": workers, "out": str(out),
+                         "repo": repo, "nice": args.child_nice})
             report = (out / "clusters.jsonl").read_bytes()
             reference = reference if reference is not None else report
-            assert report == reference, f"{name}: Ray's clusters.jsonl differs from the local engine's"
-            rows.append({"what": "dedup", "corpus": name, "engine": engine, "workers": workers, **r})
-            print(f"  dedup {name} {engine} {workers}: {r['docs'] / r['seconds']:,.0f} docs/s, {r['cpu_s']:.1f} CPU-s, "
-                  f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)
+            assert report == reference, f"{name}: {code} {engine}'s clusters.jsonl differs from the local engine's"
+            rows.append({"what": "dedup", "corpus": name, "engine": engine, "workers": workers, "code": code, **r})
+            print(f"  dedup {name} {engine} {workers} ({code}): {r['docs'] / r['seconds']:,.0f} docs/s, "
+                  f"{r['cpu_s']:.1f} CPU-s, driver {r['driver_rss'] / 2**20:,.0f} MiB, load {os.getloadavg()[0]:.1f}",
+                  file=sys.stderr)
     for name, overrides in prepares.items():
         for engine, workers in engines:
             job = {"what": "prepare", "engine": engine, "workers": workers, "out": str(tmp / f"prep-{len(rows)}"),
+                   "nice": args.child_nice,
                    "overrides": [*overrides, f"ray.num_cpus={workers}"]}
             rows.append({"what": "prepare", "corpus": name, "engine": engine, "workers": workers, **measure(job)})
             print(f"  prepare {name} {engine} {workers}: {rows[-1]['docs'] / rows[-1]['seconds']:,.0f} docs/s",
@@ -236,7 +248,32 @@ def run(args, tmp: Path) -> list[dict]:
     return rows
 
 
+def checkout(rev: str, tmp: Path) -> str:
+    """The tree of commit `rev` (git archive: no worktree registered), for --before."""
+    where = tmp / "before"
+    where.mkdir()
+    tar = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(where)], input=tar, check=True)
+    return str(where)
+
+
 # ---------------------------------------------------------------- tables
+
+
+def before_after_table(rows: list[dict]) -> str:
+    """--before: per code and engine, the dedup's docs/s and driver peak RSS at each synthetic size, and
+    the driver's growth per document (the slope between the smallest and the largest size)."""
+    lines = ["| code | engine | docs | docs/s | docs per CPU-s | driver peak RSS MiB | driver B/doc (slope) | load |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for code, label in dict.fromkeys((r["code"], _label(r)) for r in rows):
+        pts = sorted((r for r in rows if (r["code"], _label(r)) == (code, label)), key=lambda r: r["docs"])
+        a, b = pts[0], pts[-1]
+        slope = (b["driver_rss"] - a["driver_rss"]) / (b["docs"] - a["docs"]) if len(pts) > 1 else 0
+        for r in pts:
+            lines.append(f"| {code} | {label} | {r['docs']:,} | {r['docs'] / r['seconds']:,.0f} | "
+                         f"{r['docs'] / r['cpu_s']:,.0f} | {r['driver_rss'] / 2**20:,.0f} | {slope:,.0f} | "
+                         f"{r['load']:.1f} |")
+    return "\n".join(lines)
 
 
 def _label(r: dict) -> str:
@@ -310,6 +347,13 @@ def main() -> None:
                         help="measure only the synthetic prepare (no dedup runs, no tweets)")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="a config override for the prepares (repeatable), e.g. dedup.method=none")
+    parser.add_argument("--dedup-only", action="store_true", help="measure only the synthetic dedups")
+    parser.add_argument("--before", default="", metavar="REV",
+                        help="also time the synthetic dedups with commit REV's code; print a before/after table")
+    parser.add_argument("--child-nice", type=int, default=10,
+                        help="niceness added to each measurement's process (under a loaded machine's load, Ray's "
+                             "raylet at nice 15 can miss its fixed 30 s start-up wait: run the script at nice 5 "
+                             "with --child-nice 0)")
     parser.add_argument("--workers", default="0,1,2", help="engines to run: 0 = local, 1 and 2 = Ray workers")
     parser.add_argument("--out", default="", help="also write every measurement as JSON here")
     parser.add_argument("--tables-from", default="",
@@ -322,7 +366,10 @@ def main() -> None:
         return
     if args.tables_from:
         rows = json.loads(Path(args.tables_from).read_text(encoding="utf-8"))
-        print("\n\n".join(part(rows) for part in (speed_table, memory_table, fit_table, traffic_table)))
+        now = [r for r in rows if r.get("code", "this checkout") == "this checkout"]
+        print("\n\n".join(part(now) for part in (speed_table, memory_table, fit_table, traffic_table)))
+        if any(r.get("code", "this checkout") != "this checkout" for r in rows):
+            print("\n" + before_after_table([r for r in rows if r["corpus"].startswith("synthetic")]))
         return
     started, load = time.time(), os.getloadavg()
     rows = run(args, Path(tempfile.mkdtemp(prefix="bench_ray_")))
@@ -330,8 +377,11 @@ def main() -> None:
     simd = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, flags {' '.join(simd)}; "
           f"load average {load} at the start, {os.getloadavg()} at the end; {time.time() - started:.0f} s")
+    now = [r for r in rows if r.get("code", "this checkout") == "this checkout"]
     for part in (speed_table, memory_table, fit_table, traffic_table):
-        print(part(rows), end="\n\n")
+        print(part(now), end="\n\n")
+    if args.before:
+        print(before_after_table([r for r in rows if r["corpus"].startswith("synthetic")]), end="\n\n")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1), encoding="utf-8")
 

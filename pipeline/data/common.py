@@ -30,7 +30,6 @@ class LocalEngine:
     differ in where a batch is computed, never in what it becomes."""
 
     name = "local"
-    near_clusters = None  # dedup's own in-process clustering (dedup._near_clusters)
 
     def __init__(self, num_proc: int = 1):
         self.num_proc = num_proc
@@ -52,6 +51,39 @@ class LocalEngine:
             data.save_to_disk(str(folder), num_shards=1 if data.num_rows == 0 else None)
         else:
             data.save_to_disk(str(folder), num_shards={k: 1 for k, d in data.items() if d.num_rows == 0})
+
+
+    # ------------------------------------------------------------ dedup and the leakage check
+    @staticmethod
+    def value_codes(ds: Any, name: str) -> tuple[list, Any]:
+        """A column's distinct values and each row's place in them (dedup.value_codes)."""
+        return _stage_module("dedup").value_codes(column(ds, name))
+
+    def plan_dedup(self, ds: Any, cfg: Any, protected: Any) -> tuple[Any, Any]:
+        """dedup's plan of `ds` and the ids and texts its report reads, from the columns as lists."""
+        dedup = _stage_module("dedup")
+        texts, ids = column(ds, "text"), column(ds, "id")
+        return dedup.plan_dedup(texts, ids, cfg, self.num_proc, None, protected), dedup.Strings(ids, texts)
+
+    @staticmethod
+    def cross_duplicates(reference: Any, query: Any, cfg: Any, threshold: float, num_proc: int = 1) -> list:
+        """minhash.cross_duplicates of the two datasets' texts (a MinHashLSH index of the reference's)."""
+        find = _stage_module("minhash").cross_duplicates
+        return find(column(reference, "text"), column(query, "text"), cfg, threshold, num_proc)
+
+    @staticmethod
+    def fetch(ds: Any, rows: list[int], name: str) -> list:
+        """Column `name` at `rows` (ascending), in that order."""
+        return column(ds.select(rows), name)
+
+
+def _stage_module(name: str) -> Any:
+    """pipeline.data.<name>, imported by name: every stage imports this module, and runner's code
+    fingerprint follows import statements, so a plain import here would make every stage depend on
+    dedup's code. The stages that call these methods import those modules themselves (split: minhash)."""
+    import importlib
+
+    return importlib.import_module(f"pipeline.data.{name}")
 
 
 @dataclass

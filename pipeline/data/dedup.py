@@ -27,7 +27,7 @@ import numpy as np
 
 from pipeline.config import DedupConfig
 from pipeline.data import minhash
-from pipeline.data.common import StageContext, StageResult, column
+from pipeline.data.common import StageContext, StageResult
 from pipeline.data.split import SOURCE_SPLIT_NAMES, source_split_names
 
 REPORT = "clusters.jsonl"
@@ -55,13 +55,14 @@ class Plan:
         return self.members[~self.stays]
 
 
-def _rank(norm: list[str], ids: list[str], texts: list[str], protected: np.ndarray | None = None):
-    """Sort key of a row: smaller is kept. A protected row first, then the longest normalized text,
-    then the smallest id, text, row."""
+def _rank(length: np.ndarray, ids, texts, protected: np.ndarray | None = None):
+    """Sort key of a row: smaller is kept. A protected row first, then the longest normalized text
+    (`length` (N,), characters), then the smallest id, text, row. `ids` and `texts` are indexed by
+    row: lists of every row (the local engine) or dicts of only the rows that are ever ranked (Ray's)."""
     if protected is None:
-        return lambda i: (-len(norm[i]), ids[i], texts[i], i)
-    first = (~protected).tolist()  # False (protected) sorts first
-    return lambda i: (first[i], -len(norm[i]), ids[i], texts[i], i)
+        return lambda i: (-int(length[i]), ids[i], texts[i], i)
+    first = ~protected  # False (protected) sorts first
+    return lambda i: (bool(first[i]), -int(length[i]), ids[i], texts[i], i)
 
 
 def _rank_places(rows: np.ndarray, rank) -> np.ndarray:
@@ -83,12 +84,21 @@ def _best_of_groups(rows: np.ndarray, group: np.ndarray, rank) -> np.ndarray:
     return best
 
 
-def _exact_groups(norm: list[str], rank) -> np.ndarray:
-    """(N,) the kept row of each row's exact group (rows with the same normalized text)."""
+def first_of_texts(norm: list[str]) -> np.ndarray:
+    """(N,) the smallest row with the same normalized text as each row (its exact group's label)."""
     seen: dict[str, int] = {}
-    first = np.array([seen.setdefault(t, i) for i, t in enumerate(norm)], dtype=np.int64)
-    kept = np.arange(len(norm))
-    copied = np.flatnonzero(np.bincount(first, minlength=len(norm))[first] > 1)
+    return np.array([seen.setdefault(t, i) for i, t in enumerate(norm)], dtype=np.int64)
+
+
+def _copied(first: np.ndarray) -> np.ndarray:
+    """(M,) the rows (ascending) in an exact group of two or more."""
+    return np.flatnonzero(np.bincount(first, minlength=len(first))[first] > 1)
+
+
+def _exact_groups(first: np.ndarray, rank) -> np.ndarray:
+    """(N,) the kept row of each row's exact group (labels `first`, from first_of_texts)."""
+    kept = np.arange(len(first))
+    copied = _copied(first)
     kept[copied] = _best_of_groups(copied, first[copied], rank)
     return kept
 
@@ -145,31 +155,59 @@ def _kept_per_rep(reps: np.ndarray, labels: np.ndarray, jaccard, rank) -> tuple[
     return kept, sim
 
 
+class Strings:
+    """The ids and raw texts that ranking ties and the report read, indexed by row. Here: lists of
+    every row. The Ray engine's subclass fetches, with tasks, only the rows `need` names."""
+
+    def __init__(self, ids, texts):
+        self.ids, self.texts = ids, texts
+
+    def need(self, rows: np.ndarray) -> None:
+        """Rows (ascending) about to be ranked or reported: every one is in ids and texts after."""
+
+
 def plan_dedup(texts: list[str], ids: list[str], cfg: DedupConfig, num_proc: int = 1, near=None,
                protected: np.ndarray | None = None) -> Plan:
     """Decide which rows to keep (method exact or minhash) and describe every cluster. `near`: the
-    engine's near-cluster search (default: in this process, signatures in `num_proc` processes).
+    engine's near-cluster search of texts (default: in this process, signatures in `num_proc` processes).
     `protected` (N,) bool: rows never removed (the test split under dedup.keep_test_whole)."""
     norm = [minhash.normalize_text(t) for t in texts]
-    rank = _rank(norm, ids, texts, protected)
-    group = _exact_groups(norm, rank)
-    reps = np.flatnonzero(group == np.arange(len(texts)))
+    length = np.fromiter(map(len, norm), dtype=np.int64, count=len(norm))
+
+    def search(reps: np.ndarray):
+        rep_texts = [norm[i] for i in reps.tolist()]
+        return near(rep_texts, cfg) if near else _near_clusters(rep_texts, cfg, num_proc)
+
+    return plan_rows(first_of_texts(norm), length, cfg, search, Strings(ids, texts), protected)
+
+
+def plan_rows(first: np.ndarray, length: np.ndarray, cfg: DedupConfig, near, strings: Strings,
+              protected: np.ndarray | None = None) -> Plan:
+    """The plan from fixed-width facts of N rows, whichever engine computed them: `first` (N,) each
+    row's exact-group label (first_of_texts), `length` (N,) its normalized text's characters,
+    `near(reps)` the near clusters of rows `reps` ((labels, Jaccard of pairs, stats), as
+    _near_clusters), `strings` the ids and texts, asked for only the rows in a cluster."""
+    n = len(first)
+    strings.need(_copied(first))
+    rank = _rank(length, strings.ids, strings.texts, protected)
+    group = _exact_groups(first, rank)
+    reps = np.flatnonzero(group == np.arange(n))
     stats: dict = {"method": cfg.method}
     kept_rep, sim_rep = reps, np.ones(len(reps))
     if cfg.method == "minhash":
-        rep_texts = [norm[i] for i in reps.tolist()]
-        labels, jaccard, more = near(rep_texts, cfg) if near else _near_clusters(rep_texts, cfg, num_proc)
+        labels, jaccard, more = near(reps)
         stats.update(more)
+        strings.need(reps[np.bincount(labels, minlength=len(reps))[labels] > 1])
         kept_rep, sim_rep = _kept_per_rep(reps, labels, jaccard, rank)
     at = np.searchsorted(reps, group)  # (N,) each row's exact group, as a position in reps
     kept = kept_rep[at]
-    members = np.flatnonzero(kept != np.arange(len(texts)))
+    members = np.flatnonzero(kept != np.arange(n))
     near = group[members] != kept[members]  # copies of a removed representative are near too
     sim = np.array([round(s, 4) for s in np.where(near, sim_rep[at[members]], 1.0).tolist()])
-    order = _report_order(members, kept[members], sim, ids, rank)
+    order = _report_order(members, kept[members], sim, strings.ids, rank)
     stats["clusters"] = len(np.unique(kept[members]))
-    stays = np.zeros(len(texts), dtype=bool) if protected is None else protected
-    keep = np.flatnonzero((kept == np.arange(len(texts))) | stays)
+    stays = np.zeros(n, dtype=bool) if protected is None else protected
+    keep = np.flatnonzero((kept == np.arange(n)) | stays)
     members = members[order]
     return Plan(keep, members, kept[members], near[order], sim[order].tolist(), stays[members],
                 protected is not None, stats)
@@ -211,25 +249,33 @@ def write_report(plan: Plan, texts: list[str], ids: list[str], path) -> None:
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
 
 
-def protected_rows(raw: list[str], cfg: DedupConfig) -> np.ndarray | None:
-    """(N,) bool: the rows whose source split (`raw`, the source_split column) is test, protected under
-    dedup.keep_test_whole; None when the setting is off. A source without a test split of its own is an error."""
+def protected_rows(names: list[str], codes: np.ndarray, cfg: DedupConfig) -> np.ndarray | None:
+    """(N,) bool: the rows whose source split is test, protected under dedup.keep_test_whole; None when
+    the setting is off. The source_split column as `names` (its distinct values) and `codes` (N,), each
+    row's place in names. A source without a test split of its own is an error."""
     if not cfg.keep_test_whole:
         return None
-    names = source_split_names(raw)
-    if "test" not in names:
-        found = sorted(set(names) - {""}) or "none"
+    canonical = source_split_names(names)
+    if "test" not in canonical:
+        found = sorted(set(canonical) - {""}) or "none"
         raise ValueError(f"dedup.keep_test_whole=true keeps the source's own test split, but this source has "
                          f"none (its splits: {found}); set dedup.keep_test_whole=false, or name the split "
                          f"column with source.split_field")
-    return np.array([n == "test" for n in names], dtype=bool)
+    return np.array([n == "test" for n in canonical], dtype=bool)[codes]
 
 
-def _test_stats(raw: list[str], plan: Plan | None, cfg: DedupConfig) -> dict:
+def value_codes(values: list[str]) -> tuple[list[str], np.ndarray]:
+    """A column as its distinct values (in order of first appearance) and each row's place in them."""
+    seen: dict[str, int] = {}
+    codes = np.array([seen.setdefault(v, len(seen)) for v in values], dtype=np.int64)
+    return list(seen), codes
+
+
+def _test_stats(names: list[str], codes: np.ndarray, plan: Plan | None, cfg: DedupConfig) -> dict:
     """What dedup did to the source's own test split, for the record evaluate reads (metrics.json's
     test_set); {} when the source has no test split."""
     # names split.py would refuse are not test rows here: split reports them
-    is_test = np.array([SOURCE_SPLIT_NAMES.get(r.lower()) == "test" for r in raw], dtype=bool)
+    is_test = np.array([SOURCE_SPLIT_NAMES.get(r.lower()) == "test" for r in names], dtype=bool)[codes]
     if not is_test.any():
         return {}
     removed = int(is_test[plan.removed].sum()) if plan is not None else 0
@@ -239,15 +285,15 @@ def _test_stats(raw: list[str], plan: Plan | None, cfg: DedupConfig) -> dict:
 
 
 def dedup(ds, cfg: DedupConfig, ctx: StageContext) -> StageResult:
-    """The stage: `ds` with columns id, text, label, source_split; the same columns out."""
-    raw = column(ds, "source_split")  # read once: the protected rows and the test split's record
-    protected = protected_rows(raw, cfg)
+    """The stage: `ds` with columns id, text, label, source_split; the same columns out. The engine
+    plans (`plan_dedup`): the local one from the columns as lists, Ray's from tasks' fixed-width facts."""
+    names, codes = ctx.engine.value_codes(ds, "source_split")  # the protected rows and the test split's record
+    protected = protected_rows(names, codes, cfg)
     if cfg.method == "none":
-        return StageResult(ds, {}, {"method": "none", **_test_stats(raw, None, cfg)})
-    texts, ids = ds["text"][:], ds["id"][:]  # whole-column slices: lists, fast (iterating a Column is not)
-    plan = plan_dedup(texts, ids, cfg, ctx.num_proc, ctx.engine.near_clusters, protected)
-    write_report(plan, texts, ids, ctx.out_dir / REPORT)
+        return StageResult(ds, {}, {"method": "none", **_test_stats(names, codes, None, cfg)})
+    plan, strings = ctx.engine.plan_dedup(ds, cfg, protected)
+    write_report(plan, strings.texts, strings.ids, ctx.out_dir / REPORT)
     near = int(plan.near[~plan.stays].sum())
     dropped = {"exact_duplicate": len(plan.removed) - near, "near_duplicate": near}
-    out = ds.select(plan.keep) if len(plan.keep) < len(texts) else ds
-    return StageResult(out, dropped, {**plan.stats, **_test_stats(raw, plan, cfg), "report": REPORT})
+    out = ds.select(plan.keep) if len(plan.keep) < ds.num_rows else ds
+    return StageResult(out, dropped, {**plan.stats, **_test_stats(names, codes, plan, cfg), "report": REPORT})

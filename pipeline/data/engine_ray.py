@@ -12,9 +12,14 @@ What moves and what stays (the engines differ in how they move data, never in wh
   `save_to_disk(num_shards=blocks)` writes, byte for byte (tested). Plain Ray tasks rather than Ray
   Data's map_batches: Ray Data neither reads a datasets folder through its indices and column
   operations nor writes datasets' layout, and the stage's rows must not come back to the driver.
+- Dedup's facts and strings (ray_dedup.py): per block, a task reads its rows from the stage's files
+  and returns a 128-bit hash of each normalized text and its length; ids and texts are fetched by
+  tasks for only the rows in an exact group or a near cluster (the rank's ties, the report), and
+  rows of one hash group are compared by text, so the plan (dedup.plan_rows, as locally) is exact.
 - Dedup's near-duplicate search, as a map-reduce over Ray tasks (minhash.py does the arithmetic,
   ray_tasks.py holds the task bodies and the chain's shapes):
-  1. per block: shingles and signatures (`minhash._sketch_chunk`), band keys (`minhash._band_keys`),
+  1. per block of the exact groups' representatives: their texts read and normalized by the task,
+     shingles and signatures (`minhash._sketch_chunk`), band keys (`minhash._band_keys`),
      hash-partitioned by band key (the shuffle's map side); the sketch stays in the object store;
   2. per partition: equal (band, key) groups -> candidate pairs, re-partitioned by pair;
   3. per pair partition: the rows its candidates name, cut out of each block's sketch where the
@@ -27,8 +32,9 @@ What moves and what stays (the engines differ in how they move data, never in wh
   5. the kept row, the report and its similarities (tasks given the sketches of the reported
      pairs' rows only): dedup.py's order-free rule, as locally.
   Both give each text the smallest index of its component, so the plan is the local one exactly.
-- The leakage check (split): the same shuffle over train + validation/test, keeping only the pairs
-  across the two sides (a band-key join), verified; each query's best match chosen as locally.
+- The leakage check (split): the same shuffle over train + validation/test (the sketch tasks reading
+  both sides' rows), keeping only the pairs across the two sides (a band-key join), verified; each
+  query's best match chosen as locally; the ids of only the rows with a hit fetched by tasks.
 
 What still runs on the driver (the process that runs prepare), and what it holds:
 - load: the source is read here (readers.py), its whole table in memory once;
@@ -37,12 +43,13 @@ What still runs on the driver (the process that runs prepare), and what it holds
   the dropped rows, a pyarrow filter that materializes the kept rows in the driver's memory; the
   stage folders are written by the tasks (above), so every node must see output_dir (shared
   storage on a cluster; a task that cannot see a stage's file fails naming it in one line);
-- dedup: the texts and ids as Python lists (dedup.py's plan), each block's texts sent once to its
-  task, the labels (8 B per text) and, up to `ray.driver_edges`, the verified pairs (16 B each)
-  back; the plan of which row to keep and the report; split: the assignment by a hash of the id
-  and each query's best match; tokenize: training a tokenizer (on train).
-Measured (bench_ray.py, bench/RESULTS.md): a Ray dedup's driver peak RSS grows ~750 B per short
-document (100k-1 M; the local engine's process ~2.1 KiB, all of it).
+- dedup: no text, id or source_split column; fixed-width numpy arrays per row (hash 16 B, length,
+  exact group, kept row, the near labels), the verified pairs up to `ray.driver_edges` (16 B each),
+  and the ids and texts of only the rows in a cluster (dicts);
+  the plan of which row to keep and the report; split: the assignment by a hash of the id and
+  each query's best match (the ids of the rows with a hit only); tokenize: training a tokenizer.
+Measured (bench_ray.py --before, bench/RESULTS.md): the Ray dedup's driver peak RSS grows 316 B per
+short document (was 755 B; ~30% of that corpus's rows are in a cluster; the local engine ~2.1 KiB).
 
 A task whose worker dies is rerun by Ray up to `ray.max_retries` times (a rerun map or save task
 writes its shard again from the start); past that the stage fails with `StageFailed` (one line)
@@ -66,7 +73,7 @@ import numpy as np
 from pipeline.config import RayConfig
 from pipeline.data import minhash
 from pipeline.data.engines import StageFailed
-from pipeline.data import ray_io
+from pipeline.data import ray_dedup, ray_io
 from pipeline.data import ray_tasks as tasks
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # what workers put on sys.path: this checkout's `pipeline`
@@ -252,17 +259,19 @@ class RayEngine:
             ray_io.write_metadata(ds, where, n)
 
     # ------------------------------------------------------------ dedup
-    def _verified_pairs(self, texts: list[str], cfg: Any, threshold: float, normalized: bool, split_at: int = 0):
-        """Verified similar pairs among `texts` through the shuffle (ray_tasks' docstring): (edge refs,
-        candidates, verified, block starts, sketch refs, bands, rows). split_at > 0: only pairs
-        i < split_at <= j (a join)."""
+    def _verified_pairs(self, n: int, segments: Any, cfg: Any, threshold: float, normalized: bool, split_at: int = 0):
+        """Verified similar pairs among n texts through the shuffle (ray_tasks' docstring): (edge refs,
+        candidates, verified, block starts, sketch refs, bands, rows). segments(s, e): where the sketch
+        task of texts s:e reads them ((packed Dataset, rows) pairs: ray_dedup.py). split_at > 0: only
+        pairs i < split_at <= j (a join)."""
         ray = _import_ray()
         b, r = minhash.lsh_params(threshold, cfg.num_perm, cfg.bands, cfg.rows, cfg.verify)
-        n, nb = len(texts), self.blocks(len(texts))
+        nb = self.blocks(n)
         parts = nb  # shuffle partitions
         starts = np.linspace(0, n, nb + 1).astype(np.int64)
-        sketch = ray.remote(tasks._sketch_block).options(num_returns=1 + parts, **self._options())
-        mapped = [sketch.remote(texts[s:e], int(s), cfg, b, r, parts, normalized) for s, e in zip(starts[:-1], starts[1:])]
+        sketch = ray.remote(ray_dedup._sketch_rows).options(num_returns=1 + parts, **self._options())
+        mapped = [sketch.remote(segments(int(s), int(e)), normalized, int(s), cfg, b, r, parts)
+                  for s, e in zip(starts[:-1], starts[1:])]
         sketches = [m[0] for m in mapped]
         group = ray.remote(tasks._band_pairs).options(num_returns=parts, **self._options())
         grouped = [_as_list(group.remote(n, parts, split_at, *[m[1 + p] for m in mapped])) for p in range(parts)]
@@ -294,29 +303,31 @@ class RayEngine:
         self.traffic = {"band_key_bytes": band_key_bytes, "verify_sketch_bytes": fetched,
                         "all_blocks_sketch_bytes": whole, "parts": parts}
 
-    def near_clusters(self, texts: list[str], cfg: Any) -> tuple[np.ndarray, Any, dict]:
-        """dedup._near_clusters's three answers (labels, Jaccard of pairs, stats), from tasks on Ray."""
+    def near_rows(self, packed: tuple, reps: np.ndarray, cfg: Any) -> tuple[np.ndarray, Any, dict]:
+        """dedup._near_clusters's three answers (labels, Jaccard of pairs, stats) for rows `reps` of the
+        packed Dataset, from tasks on Ray that read and normalize those rows' texts themselves."""
         from pipeline.data.dedup import near_stats
 
-        checked, candidates, verified, starts, sketches, b, r = self._verified_pairs(texts, cfg, cfg.threshold, True)
+        checked, candidates, verified, starts, sketches, b, r = self._verified_pairs(
+            len(reps), lambda s, e: [(packed, reps[s:e])], cfg, cfg.threshold, True)
         edge_refs = [c[0] for c in checked]
         if verified <= self.cfg.driver_edges:
             edges = np.concatenate(self._get(edge_refs, "dedup (collecting pairs)"))
-            labels = minhash.union_find(len(texts), edges.astype(np.int64).reshape(-1, 2))
+            labels = minhash.union_find(len(reps), edges.astype(np.int64).reshape(-1, 2))
         else:
-            labels = self._components(len(texts), edge_refs)
+            labels = self._components(len(reps), edge_refs)
         stats = near_stats(candidates, verified, cfg, b, r, len(sketches))
         return labels, functools.partial(self._jaccard, starts, sketches), stats
 
-    def cross_duplicates(self, reference_texts: list[str], query_texts: list[str], cfg: Any, threshold: float,
-                         num_proc: int = 1) -> list[tuple[int, int, float]]:
-        """minhash.cross_duplicates's answer (each query text's most similar reference text at Jaccard >=
-        threshold, ties to the smallest reference index): a band-key join of the two sides, verified."""
-        reference_texts, query_texts = minhash._as_list(reference_texts), minhash._as_list(query_texts)
-        if not reference_texts or not query_texts:
+    def cross_duplicates(self, reference: Any, query: Any, cfg: Any, threshold: float, num_proc: int = 1) -> list:
+        """minhash.cross_duplicates's answer for the two datasets' texts (each query row's most similar
+        reference row at Jaccard >= threshold, ties to the smallest reference row): a band-key join of
+        the two sides, verified, the sketch tasks reading the texts themselves."""
+        if not reference.num_rows or not query.num_rows:
             return []
-        nr = len(reference_texts)
-        checked, *_ = self._verified_pairs(reference_texts + query_texts, cfg, threshold, False, split_at=nr)
+        nr = reference.num_rows
+        checked, *_ = self._verified_pairs(nr + query.num_rows, ray_dedup.joined(reference, query), cfg, threshold,
+                                           False, split_at=nr)
         found = self._get([x for c in checked for x in c], "the leakage check")
         pairs, sim = np.concatenate(found[0::2]).reshape(-1, 2), np.concatenate(found[1::2])
         order = np.lexsort((pairs[:, 0], -sim, pairs[:, 1]))  # by query, highest Jaccard, smallest reference
@@ -324,6 +335,17 @@ class RayEngine:
         first = np.ones(len(pairs), dtype=bool)
         first[1:] = pairs[1:, 1] != pairs[:-1, 1]
         return [(q - nr, i, s) for (i, q), s in zip(pairs[first].tolist(), sim[first].tolist())]
+
+    def plan_dedup(self, ds: Any, cfg: Any, protected: Any) -> tuple[Any, Any]:
+        """dedup's plan of `ds` from tasks' fixed-width facts, and the ids and texts (of only the rows
+        in a cluster) its report reads: ray_dedup.plan."""
+        return ray_dedup.plan(self, ds, cfg, protected)
+
+    def value_codes(self, ds: Any, name: str) -> tuple[list, np.ndarray]:
+        return ray_dedup.value_codes(self, ds, name)
+
+    def fetch(self, ds: Any, rows: list[int], name: str) -> list:
+        return ray_dedup.fetch(self, ds, rows, name)
 
     def _components(self, n: int, edge_refs: list) -> np.ndarray:
         """(n,) the smallest index of each node's component, the edges staying in their shards."""

@@ -12,7 +12,11 @@ import json
 import re
 from collections import defaultdict
 
+import numpy as np
+
 from pipeline.config import SplitConfig
+# the local engine's leakage check runs minhash (common.LocalEngine.cross_duplicates): split's code fingerprint follows it
+from pipeline.data import minhash  # noqa: F401
 from pipeline.data.common import SPLITS, StageContext, StageResult, column, unit_hash
 
 SOURCE_SPLIT_NAMES = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
@@ -119,28 +123,33 @@ def leakage_checks(keep_test_whole: bool) -> tuple[tuple[str, str], ...]:
     return ("validation", "train"), ("test", "train")
 
 
+def _ids_at(engine, ds, rows: list[int]) -> dict[int, str]:
+    """{row: id} of only the rows named (the engine reads those rows' ids, not the whole column)."""
+    wanted = sorted(set(rows))
+    return dict(zip(wanted, engine.fetch(ds, wanted, "id")))
+
+
 def _leakage(parts: dict, cfg: SplitConfig, ctx: StageContext) -> tuple[dict, dict]:
     """Find documents with a near duplicate across splits; drop them from the query side when
     cfg says so. leakage.jsonl: one line per leaking document, by check then id (not row order),
     naming the split it was removed from (null: kept)."""
-    from pipeline.data.minhash import cross_duplicates
-
     dropped, leaks = {}, []
     checks = leakage_checks(getattr(ctx.similarity, "keep_test_whole", False))
     for name, ref in checks:
         query, reference = parts[name], parts[ref]
         if query.num_rows == 0 or reference.num_rows == 0:
             continue
-        find = getattr(ctx.engine, "cross_duplicates", None) or cross_duplicates  # the Ray engine's: a join
-        hits = find(column(reference, "text"), column(query, "text"), ctx.similarity, cfg.leakage_threshold,
-                    ctx.num_proc)
-        qids, rids = column(query, "id"), column(reference, "id")
+        hits = ctx.engine.cross_duplicates(reference, query, ctx.similarity, cfg.leakage_threshold, ctx.num_proc)
+        qids = _ids_at(ctx.engine, query, [q for q, _, _ in hits])
+        rids = _ids_at(ctx.engine, reference, [r for _, r, _ in hits])
         removed = name if cfg.leakage == "remove" else None
         leaks += sorted(({"split": name, "id": qids[q], f"{ref}_id": rids[r], "jaccard": round(j, 4),
                           "removed": removed} for q, r, j in hits), key=lambda row: row["id"])  # not row order
         if hits and removed:
             bad = {q for q, _, _ in hits}
-            parts[name] = query.select([k for k in range(query.num_rows) if k not in bad])
+            keep = np.ones(query.num_rows, dtype=bool)
+            keep[sorted(bad)] = False
+            parts[name] = query.select(np.flatnonzero(keep).tolist())  # a list: the fingerprint as before
             dropped[f"leak_{name}"] = dropped.get(f"leak_{name}", 0) + len(bad)
     with open(ctx.out_dir / "leakage.jsonl", "w", encoding="utf-8") as f:
         for row in leaks:

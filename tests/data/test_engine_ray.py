@@ -191,11 +191,12 @@ def test_leakage_join_on_ray_equals_the_local_index(ray_cluster):
     from pipeline.data import minhash
     from pipeline.data.engine_ray import RayEngine
 
-    texts, _ = _corpus()
+    texts, ids = _corpus()
     train, queries = texts[:600] + texts[640:660], texts[600:640] + texts[660:] + texts[:5]
     local = minhash.cross_duplicates(train, queries, CFG, 0.7)
+    sides = [_dataset(side, ids[: len(side)]) for side in (train, queries)]
     for blocks in (1, 7):
-        assert RayEngine.connect(RayConfig(blocks=blocks)).cross_duplicates(train, queries, CFG, 0.7) == local
+        assert RayEngine.connect(RayConfig(blocks=blocks)).cross_duplicates(*sides, CFG, 0.7) == local
     assert len(local) == 64 and local[-5:] == [(61 + k, k, 1.0) for k in range(5)]  # 2 chain ends at J 0.706 missed by LSH
 
 
@@ -231,7 +232,7 @@ def test_a_worker_killed_during_dedup_is_rerun_or_fails_the_stage_in_one_line(tm
     texts, ids = _long_corpus()
     engine = RayEngine.connect(RayConfig(blocks=2, max_retries=retries))
     stop, killed = threading.Event(), []
-    killer = threading.Thread(target=kill_first, args=("_sketch_block", stop, killed))
+    killer = threading.Thread(target=kill_first, args=("_sketch_rows", stop, killed))
     killer.start()
     try:
         if retries:
@@ -253,10 +254,10 @@ def test_a_worker_killed_during_dedup_is_rerun_or_fails_the_stage_in_one_line(tm
 def test_a_worker_lost_for_good_leaves_no_complete_stage(tmp_path, ray_cluster, monkeypatch):
     from pipeline.data import engine_ray
 
-    def lost(self, texts, cfg):
+    def lost(self, ds, cfg, protected):
         raise engine_ray.StageFailed("dedup on Ray failed: a worker was lost")
 
-    monkeypatch.setattr(engine_ray.RayEngine, "near_clusters", lost)
+    monkeypatch.setattr(engine_ray.RayEngine, "plan_dedup", lost)
     cfg = load_config(TINY, [f"output_dir={tmp_path}", "prepare.engine=ray"])
     with pytest.raises(engine_ray.StageFailed):
         runner.run(cfg, progress=False)
