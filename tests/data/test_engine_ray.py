@@ -4,6 +4,7 @@ a worker killed mid-dedup is rerun (or the stage fails in one line); a bad addre
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import random
@@ -212,15 +213,23 @@ def _long_corpus() -> tuple[list[str], list[str]]:
 
 
 def kill_first(task: str, stop: threading.Event, killed: list) -> None:
-    """SIGKILL the first Ray worker seen running `task` (its process title names it)."""
+    """SIGKILL the first Ray worker seen running `task` (its process title names it), among this test
+    session's own processes only: the local Ray it started is its descendant, and another session's
+    Ray on the same machine (a second test run) must not lose a worker to this test, nor this test
+    count a kill that was not its own."""
     import psutil
 
+    me = psutil.Process()
     while not stop.is_set() and not killed:
-        for proc in psutil.process_iter(["cmdline"]):
-            if task in " ".join(proc.info["cmdline"] or []):
-                proc.send_signal(signal.SIGKILL)
-                killed.append(proc.pid)
-                return
+        for proc in me.children(recursive=True):
+            cmdline = []
+            with contextlib.suppress(psutil.Error):  # gone since listed
+                cmdline = proc.cmdline()
+            if task in " ".join(cmdline or []):
+                with contextlib.suppress(psutil.NoSuchProcess):  # finished and gone: look again
+                    proc.send_signal(signal.SIGKILL)
+                    killed.append(proc.pid)
+                    return
         time.sleep(0.01)
 
 
