@@ -45,6 +45,13 @@ class LocalEngine:
         return contextlib.nullcontext()
 
     @staticmethod
+    def load_source(path: Path, cfg: Any, where: str) -> tuple:
+        """The load stage's read of a source file or folder: all of it in this process (sources.read_source)."""
+        from pipeline.data import sources
+
+        return sources.read_source(path, cfg, where)
+
+    @staticmethod
     def save(data: Any, folder: Path) -> None:
         """save_to_disk, with one shard for each empty dataset: datasets writes zero shards for one,
         and load_from_disk then fails (IndexError) on the folder it wrote itself."""
