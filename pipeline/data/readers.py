@@ -333,4 +333,5 @@ def read_parquet(path: Path, cfg: SourceConfig, part: Part = WHOLE) -> tuple[pa.
     return select(table, needed), Facts(rows=table.num_rows)
 
 
-READERS = {"jsonl": read_jsonl, "csv": read_csv, "tsv": read_csv, "parquet": read_parquet, "folder": folders.read_folder}
+read_folder = folders.read_folder  # the label-folder reader lives in folders.py
+READERS = {"jsonl": read_jsonl, "csv": read_csv, "tsv": read_csv, "parquet": read_parquet, "folder": read_folder}
