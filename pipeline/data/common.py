@@ -45,11 +45,10 @@ class LocalEngine:
         return contextlib.nullcontext()
 
     @staticmethod
-    def load_source(path: Path, cfg: Any, where: str) -> tuple:
-        """The load stage's read of a source file or folder: all of it in this process (sources.read_source)."""
-        from pipeline.data import sources
-
-        return sources.read_source(path, cfg, where)
+    def load_source(path: Path, cfg: Any, where: str, read_whole: Any) -> tuple:
+        """The load stage's read of a source file or folder: `read_whole` (sources.read_source, handed
+        in by the stage as map_batches's `fn` is, so this module imports no stage), in this process."""
+        return read_whole(path, cfg, where)
 
     @staticmethod
     def save(data: Any, folder: Path) -> None:

@@ -260,9 +260,10 @@ class RayEngine:
             ray_io.write_metadata(ds, where, n)
 
     # ------------------------------------------------------------ load: the sources read by tasks
-    def load_source(self, path: Path, cfg: Any, where: str) -> tuple:
-        """sources.read_source's answer (Dataset, drops by reason, rows read), the source read in parts
-        by Ray tasks that write its rows as shards (ray_load.py); the driver holds none of them."""
+    def load_source(self, path: Path, cfg: Any, where: str, read_whole: Any = None) -> tuple:
+        """`read_whole`'s answer (sources.read_source: Dataset, drops by reason, rows read), the source
+        read in parts by Ray tasks with the same readers and rules, which write its rows as shards
+        (ray_load.py); the driver holds none of them."""
         from pipeline.data import ray_load
 
         return ray_load.load(self, path, cfg, where)

@@ -103,7 +103,7 @@ def load(_: None, cfg: SourceConfig, ctx: StageContext) -> StageResult:
             raise ValueError(f"source.path: {path} is a folder; source.format={cfg.format} reads one file "
                              f"(source.format=folder reads <label>/*.txt folders)")
         where = str(path)
-        data, dropped, rows_read = ctx.engine.load_source(path, cfg, where)
+        data, dropped, rows_read = ctx.engine.load_source(path, cfg, where, read_source)
     stats = {"format": cfg.format, "source": where, "rows_read": rows_read}
     return StageResult(data, {k: v for k, v in dropped.items() if v}, stats)
 

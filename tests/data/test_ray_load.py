@@ -129,8 +129,9 @@ def test_a_repeated_id_across_two_parts_is_the_local_one_line_error(tmp_path, ra
     records[40]["id"] = "id7"
     (path := tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     error = _same(SourceConfig(format="jsonl", path=str(path), label_field="", id_field="id"), 2, tmp_path)
-    assert error == ("error", f"{path}: ids in column 'id' (source.id_field) must be unique; 2 repeat: 'same' (2 rows), "
-                              f"'id7' (2 rows); fix them, or set source.id_field: '' to derive ids from the text")
+    assert error == ("error", f"{path}: ids in column 'id' (source.id_field) must be unique; 2 repeat: "
+                              f"'same' (2 rows), 'id7' (2 rows); fix them, or set source.id_field: '' to derive "
+                              f"ids from the text")
     records[40]["id"], records[45]["id"] = " ", "id45"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert "1 rows have an empty id" in _same(SourceConfig(format="jsonl", path=str(path), label_field="",
