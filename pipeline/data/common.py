@@ -44,6 +44,12 @@ class LocalEngine:
         return contextlib.nullcontext()
 
     @staticmethod
+    def load_source(path: Path, cfg: Any, where: str, read_whole: Any) -> tuple:
+        """The load stage's read of a source file or folder: `read_whole` (sources.read_source, handed
+        in by the stage as map_batches's `fn` is, so this module imports no stage), in this process."""
+        return read_whole(path, cfg, where)
+
+    @staticmethod
     def save(data: Any, folder: Path) -> None:
         """save_to_disk, with one shard for each empty dataset: datasets writes zero shards for one,
         and load_from_disk then fails (IndexError) on the folder it wrote itself."""

@@ -36,8 +36,16 @@ What moves and what stays (the engines differ in how they move data, never in wh
   both sides' rows), keeping only the pairs across the two sides (a band-key join), verified; each
   query's best match chosen as locally; the ids of only the rows with a hit fetched by tasks.
 
+- Load (ray_load.py): the source read in parts (parts.py: byte ranges at line starts, row groups, a
+  label folder's files) by tasks that run the local engine's reader and write the rows as Arrow
+  files; ids numbered and checked across parts by a shuffle of fixed-width keys; the driver adds up
+  the parts' counts and facts by the rules of one whole read (sources.settle). The stage's rows are
+  the tasks' shards, memory-mapped, as a map's are.
+
 What still runs on the driver (the process that runs prepare), and what it holds:
-- load: the source is read here (readers.py), its whole table in memory once;
+- load: the parts' plan (cut points, row group numbers, a label folder's file list), their counts and
+  first errors, the five ids a repeated-id error names; a `hub` dataset is read here whole
+  (sources._read_hub), and a CSV holding a quote character is read by one task;
 - a stage's post-processing between its map and its folder, as the stage codes it: memory-mapped
   column operations (tokenize's remove_columns, label's filter and cast), except clean's filter of
   the dropped rows, a pyarrow filter that materializes the kept rows in the driver's memory; the
@@ -257,6 +265,15 @@ class RayEngine:
         self._get(jobs, "saving the stage")
         for ds, where, n in written:
             ray_io.write_metadata(ds, where, n)
+
+    # ------------------------------------------------------------ load: the sources read by tasks
+    def load_source(self, path: Path, cfg: Any, where: str, read_whole: Any = None) -> tuple:
+        """`read_whole`'s answer (sources.read_source: Dataset, drops by reason, rows read), the source
+        read in parts by Ray tasks with the same readers and rules, which write its rows as shards
+        (ray_load.py); the driver holds none of them."""
+        from pipeline.data import ray_load
+
+        return ray_load.load(self, path, cfg, where)
 
     # ------------------------------------------------------------ dedup
     def _verified_pairs(self, n: int, segments: Any, cfg: Any, threshold: float, normalized: bool, split_at: int = 0):

@@ -1,5 +1,8 @@
-"""File readers for the load stage: (path, SourceConfig) -> (pyarrow table, drops by reason).
+"""File readers for the load stage: (path, SourceConfig, part) -> (pyarrow table, Facts).
 
+A part (parts.py) is the whole source for the local engine, a piece of it for a Ray task; the
+reader is the same. Errors a later part may hold (bad bytes, a bad line) come back in the Facts,
+not raised, so sources.settle can raise the one a single read of the whole file meets first.
 Each reader returns the contract's column names (text, and label/id/source_split when configured)
 with the source's values as strings, and names the file, line and column in every error. Fast
 paths are pyarrow's C++ readers; Python line-by-line reading is the fallback that can point at the
@@ -10,16 +13,17 @@ from __future__ import annotations
 
 import codecs
 import difflib
+import io
 import json
 import re
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 
 from pipeline.config import SourceConfig
+from pipeline.data import folders
+from pipeline.data.parts import WHOLE, Facts, Part
 
-FOLDER_SPLITS = ("train", "validation", "valid", "val", "dev", "test")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -78,8 +82,9 @@ def _bad_bytes_error(path: Path, encoding: str) -> ValueError:
     return ValueError(f"{path}: not valid {encoding} text; set source.encoding to the file's encoding")
 
 
-def check_text_file(path: Path, encoding: str, fmt: str, block: int = 1 << 20) -> None:
-    """A text format's file must be text in `encoding`, checked before a parser sees it.
+def check_text_file(path: Path, encoding: str, fmt: str, block: int = 1 << 20, span: tuple | None = None) -> None:
+    """A text format's file (or its bytes `span`, cut at line starts) must be text in `encoding`,
+    checked before a parser sees it.
 
     pyarrow's JSON reader keeps invalid UTF-8 in its strings (found only when a row is read, naming
     no file), and its CSV reader's bad-row callback fails on such a row ("Exception ignored").
@@ -87,9 +92,11 @@ def check_text_file(path: Path, encoding: str, fmt: str, block: int = 1 << 20) -
     """
     nul_is_text = encoding.startswith(("utf-16", "utf-32"))
     decoder = codecs.getincrementaldecoder(encoding)()
-    offset = lines = 0
+    start, end = span or (0, None)
+    offset, lines = start, 0
     with open(path, "rb") as f:
-        while data := f.read(block):
+        f.seek(start)
+        while data := f.read(block if end is None else min(block, end - offset)):
             if not nul_is_text and (at := data.find(b"\0")) >= 0:
                 raise ValueError(f"{path}: a NUL byte at offset {offset + at}: this is a binary file, not "
                                  f"{fmt.upper()} text; check source.path and source.format")
@@ -98,11 +105,28 @@ def check_text_file(path: Path, encoding: str, fmt: str, block: int = 1 << 20) -
             except UnicodeDecodeError:
                 raise _bad_bytes_error(path, encoding) from None
             offset, lines = offset + len(data), lines + data.count(b"\n")
+        last = not f.read(1)
     try:
-        decoder.decode(b"", final=True)
+        decoder.decode(b"", final=last)
     except UnicodeDecodeError:
+        lines += _newlines_before(path, start)
         raise ValueError(f"{path}:{lines + 1}: the file ends inside a {encoding} character: it is cut short, or not "
                          f"{encoding} (set source.encoding to the file's encoding)") from None
+
+
+def _newlines_before(path: Path, offset: int, block: int = 1 << 20) -> int:
+    """Line breaks in the file's first `offset` bytes (a part's first line is this + 1; error paths only)."""
+    count = 0
+    with open(path, "rb") as f:
+        while offset > 0 and (data := f.read(min(block, offset))):
+            count, offset = count + data.count(b"\n"), offset - len(data)
+    return count
+
+
+def _span_bytes(path: Path, span: tuple) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(span[0])
+        return f.read(span[1] - span[0])
 
 
 def _pyarrow_message(e: Exception) -> str:
@@ -112,24 +136,40 @@ def _pyarrow_message(e: Exception) -> str:
     return found.group(0) if found else ascii(text.splitlines()[0] if text else "")[1:-1][:200]
 
 
-def read_csv(path: Path, cfg: SourceConfig) -> tuple[pa.Table, dict]:
+def read_csv(path: Path, cfg: SourceConfig, part: Part = WHOLE) -> tuple[pa.Table | None, Facts]:
+    """CSV or TSV; a part of it (`part.span`) is read with the file's header line put before it."""
     encoding = _codec(cfg)
-    check_text_file(path, encoding, cfg.format)
     try:
-        return _read_csv(path, cfg, encoding, block_size=None)
+        check_text_file(path, encoding, cfg.format, span=part.span)
+    except ValueError as e:
+        return None, Facts(error=(0, None, str(e)))
+    data = None
+    if part.span is not None:
+        data = _span_bytes(path, part.span)
+        if part.span[0] > 0:
+            with open(path, "rb") as f:
+                data = f.readline() + data
+        if cfg.format == "csv" and b'"' in data:  # a quoted value may hold a line break: not cut here
+            return None, Facts(quoted=True)
+    try:
+        table, bad = _read_csv(path, cfg, encoding, None, data)
     except _RowLongerThanBlock:  # pyarrow parses 1 MB blocks in parallel; a longer row needs bigger ones
-        return _read_csv(path, cfg, encoding, block_size=min(path.stat().st_size + 1, 2**31 - 1))
+        size = len(data) if data is not None else path.stat().st_size
+        table, bad = _read_csv(path, cfg, encoding, min(size + 1, 2**31 - 1), data)
+    return table, Facts(rows=table.num_rows, bad=bad)
 
 
 class _RowLongerThanBlock(Exception):
     """pyarrow's "straddling object straddles two block boundaries"."""
 
 
-def _read_csv(path: Path, cfg: SourceConfig, encoding: str, block_size: int | None) -> tuple[pa.Table, dict]:
+def _read_csv(path: Path, cfg: SourceConfig, encoding: str, block_size: int | None,
+              data: bytes | None = None) -> tuple[pa.Table, int]:
     from pyarrow import csv
 
     read_opts = csv.ReadOptions(encoding="utf8" if encoding == "utf-8" else encoding,
                                 **({"block_size": block_size} if block_size else {}))
+    source = (lambda: path) if data is None else (lambda: pa.BufferReader(data))
     bad: list[str] = []
 
     def on_bad_row(row) -> str:  # pyarrow gives no line number; it is looked up below
@@ -141,12 +181,12 @@ def _read_csv(path: Path, cfg: SourceConfig, encoding: str, block_size: int | No
     parse = csv.ParseOptions(**dialect, invalid_row_handler=on_bad_row)
     try:
         peek = csv.ParseOptions(**dialect, invalid_row_handler=lambda _: "skip")
-        with csv.open_csv(path, read_options=read_opts, parse_options=peek) as r:  # the header only
+        with csv.open_csv(source(), read_options=read_opts, parse_options=peek) as r:  # the header only
             available = r.schema.names
         needed = check_columns(available, cfg, str(path))
         convert = csv.ConvertOptions(include_columns=list(dict.fromkeys(needed.values())),
                                      column_types={c: pa.string() for c in needed.values()})
-        table = csv.read_csv(path, read_options=read_opts, parse_options=parse, convert_options=convert)
+        table = csv.read_csv(source(), read_options=read_opts, parse_options=parse, convert_options=convert)
     except UnicodeDecodeError:
         raise _bad_bytes_error(path, encoding) from None
     except pa.ArrowInvalid as e:
@@ -158,7 +198,7 @@ def _read_csv(path: Path, cfg: SourceConfig, encoding: str, block_size: int | No
             raise ValueError(f"{path}:{_line_of(path, encoding, bad[0])}: {_pyarrow_message(e)}; fix the row or set "
                              f"source.bad_lines=skip") from None
         raise ValueError(f"{path}: cannot read as {cfg.format.upper()}: {_pyarrow_message(e)}") from None
-    return select(table, needed), {"bad_line": len(bad)}
+    return select(table, needed), len(bad)
 
 
 def _line_of(path: Path, encoding: str, row_text: str) -> str:
@@ -167,58 +207,90 @@ def _line_of(path: Path, encoding: str, row_text: str) -> str:
     return str(content.count("\n", 0, at) + 1) if at >= 0 else "?"
 
 
-def read_jsonl(path: Path, cfg: SourceConfig) -> tuple[pa.Table, dict]:
-    check_text_file(path, _codec(cfg), cfg.format)
-    if _codec(cfg) == "utf-8":
-        from pyarrow import json as pa_json
+def read_jsonl(path: Path, cfg: SourceConfig, part: Part = WHOLE, lines: bool = False) -> tuple[pa.Table | None, Facts]:
+    """JSONL: pyarrow's parser, else (or with `lines`) the line reader. The columns are checked by
+    sources.settle, on what every part found, as one read of the whole file checks them."""
+    try:
+        check_text_file(path, _codec(cfg), cfg.format, span=part.span)
+    except ValueError as e:
+        return None, Facts(error=(0, None, str(e)))
+    if _codec(cfg) != "utf-8" or lines:
+        return read_jsonl_lines(path, cfg, part)
+    from pyarrow import json as pa_json
 
-        try:  # fast path: the whole file parsed in C++; any problem falls back to the line reader
-            table = pa_json.read_json(path)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            return read_jsonl_lines(path, cfg)
-        if not table.num_rows:  # blank lines only: no columns to check, and nothing to read
-            return read_jsonl_lines(path, cfg)
-        table = select(table, check_columns(table.column_names, cfg, str(path)))
-        try:  # a number is text "1"; an object or list is not text: the line reader names its line
-            return table.cast(pa.schema([(n, pa.string()) for n in table.column_names])), {}
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            pass
-    return read_jsonl_lines(path, cfg)
+    try:  # fast path: the whole part parsed in C++; any problem falls back to the line reader
+        table = pa_json.read_json(path if part.span is None else pa.BufferReader(_span_bytes(path, part.span)))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return read_jsonl_lines(path, cfg, part)
+    if not table.num_rows:  # blank lines only: no columns to check, and nothing to read
+        return read_jsonl_lines(path, cfg, part)
+    parsed = {"parsed": table.column_names, "kinds": {c: _kind(table.column(c).type) for c in table.column_names}}
+    needed = {ours: theirs for ours, theirs in needed_columns(cfg).items() if theirs in table.column_names}
+    table = select(table, needed)
+    try:  # a number is text "1"; an object or list is not text: the line reader names its line
+        table = table.cast(pa.schema([(n, pa.string()) for n in table.column_names]))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        rows, facts = read_jsonl_lines(path, cfg, part)
+        facts.parsed, facts.kinds = parsed["parsed"], parsed["kinds"]
+        return rows, facts
+    for ours in needed_columns(cfg):  # a field this part never names (settle checks the file has it)
+        if ours not in table.column_names:
+            table = table.append_column(ours, pa.nulls(table.num_rows, pa.string()))
+    return table, Facts(rows=table.num_rows, **parsed)
 
 
-def read_jsonl_lines(path: Path, cfg: SourceConfig) -> tuple[pa.Table, dict]:
+def _kind(tp: pa.DataType) -> str:
+    """What pyarrow's JSON parser made of a column, as far as two parts read apart can disagree: ints
+    and floats are one kind (the parser widens one to the other), null agrees with everything."""
+    if pa.types.is_integer(tp) or pa.types.is_floating(tp):
+        return "number"
+    return "" if pa.types.is_null(tp) else str(tp)
+
+
+def read_jsonl_lines(path: Path, cfg: SourceConfig, part: Part = WHOLE) -> tuple[pa.Table, Facts]:
     """The line reader: exact line numbers for bad lines and bad bytes, skip-and-count if configured."""
     encoding = _codec(cfg)
     fields = needed_columns(cfg)
     values: dict[str, list] = {ours: [] for ours in fields}
-    keys_seen: dict[str, None] = {}
-    bad = 0
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            if cfg.max_rows and len(values["text"]) >= cfg.max_rows:
-                break
-            try:
-                line = raw.decode(encoding)
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: bytes {raw[e.start:e.end]!r} at column {e.start + 1} are not "
-                                 f"valid {encoding}; set source.encoding to the file's encoding") from None
-            if lineno == 1:
+    facts = Facts(lines=True, bad_at=[])
+    start = part.span[0] if part.span else 0
+    for k, raw in enumerate(_raw_lines(path, part.span)):
+        n = len(values["text"])
+        if cfg.max_rows and n >= cfg.max_rows:
+            break
+        try:
+            line = raw.decode(encoding)
+            if k == 0 and start == 0:
                 line = line.lstrip("\ufeff")  # a byte-order mark is not part of the first record
             if not line.strip():
                 continue
-            try:
-                row = _parse_record(line, fields)
-            except ValueError as e:
-                if cfg.bad_lines == "error":
-                    raise ValueError(f"{path}:{lineno}: {e}; fix the line or set source.bad_lines=skip") from None
-                bad += 1
-                continue
-            keys_seen.update(dict.fromkeys(row.pop(None)))
-            for ours in fields:
-                values[ours].append(row[ours])
-    if values["text"] or keys_seen:
-        check_columns(list(keys_seen), cfg, str(path))
-    return pa.table({ours: pa.array(vals, pa.string()) for ours, vals in values.items()}), {"bad_line": bad}
+            row = _parse_record(line, fields)
+        except (UnicodeDecodeError, ValueError) as e:
+            where = f"{path}:{_newlines_before(path, start) + k + 1 if start else k + 1}"
+            if isinstance(e, UnicodeDecodeError):
+                facts.error = (1, n, f"{where}: bytes {raw[e.start:e.end]!r} at column {e.start + 1} are not "
+                                     f"valid {encoding}; set source.encoding to the file's encoding")
+                break
+            if cfg.bad_lines == "error":
+                facts.error = (1, n, f"{where}: {e}; fix the line or set source.bad_lines=skip")
+                break
+            facts.bad_at.append(n)
+            continue
+        for key in row.pop(None):
+            facts.columns.setdefault(key, n)
+        for ours in fields:
+            values[ours].append(row[ours])
+    facts.rows, facts.bad = len(values["text"]), len(facts.bad_at)
+    return pa.table({ours: pa.array(vals, pa.string()) for ours, vals in values.items()}), facts
+
+
+def _raw_lines(path: Path, span: tuple | None):
+    """The file's lines as bytes (with their line breaks), or those of bytes `span`."""
+    if span is not None:
+        yield from io.BytesIO(_span_bytes(path, span))
+        return
+    with open(path, "rb") as f:
+        yield from f
 
 
 def _parse_record(line: str, fields: dict[str, str]) -> dict:
@@ -242,65 +314,24 @@ def _parse_record(line: str, fields: dict[str, str]) -> dict:
     return row
 
 
-def read_parquet(path: Path, cfg: SourceConfig) -> tuple[pa.Table, dict]:
+def read_parquet(path: Path, cfg: SourceConfig, part: Part = WHOLE) -> tuple[pa.Table, Facts]:
+    """A Parquet file or folder of files (one dataset, one schema), or some of its row groups."""
     import pyarrow.dataset as pads
 
     try:
         data = pads.dataset(path, format="parquet")
         needed = check_columns(data.schema.names, cfg, str(path))
-        table = data.to_table(columns=list(dict.fromkeys(needed.values())))
+        columns = list(dict.fromkeys(needed.values()))
+        if part.groups is None:
+            table = data.to_table(columns=columns)
+        else:
+            fragments = {f.path: f for f in data.get_fragments()}
+            table = pa.concat_tables([fragments[file].subset(row_group_ids=[group]).to_table(
+                schema=data.schema, columns=columns) for file, group in part.groups])
     except pa.ArrowInvalid as e:
         raise ValueError(f"{path}: cannot read as Parquet: {_pyarrow_message(e)}") from None
-    return select(table, needed), {}
+    return select(table, needed), Facts(rows=table.num_rows)
 
 
-def read_folder(path: Path, cfg: SourceConfig) -> tuple[pa.Table, dict]:
-    """root/<label>/*.txt, or root/<split>/<label>/*.txt (the IMDB release); id = relative path."""
-    if not path.is_dir():
-        raise ValueError(f"source.path: {path} is a file; format=folder expects a folder of <label>/*.txt")
-    split_dirs = [d for d in _subfolders(path) if d.name.lower() in FOLDER_SPLITS]
-    files = []  # (split, label, file)
-    for split_dir in split_dirs or [path]:
-        for label_dir in _subfolders(split_dir):
-            found = sorted(label_dir.glob("*.txt"))
-            if not found:  # a class that silently vanished would only show up as a worse model
-                print(f"warning: {label_dir} has no .txt files: class '{_name(label_dir.name)}' gets no documents "
-                      f"from it", file=sys.stderr)
-            files += [(split_dir.name if split_dirs else "", label_dir.name, f) for f in found]
-    if not files:
-        raise ValueError(f"source.path: {path} has no <label>/*.txt files; expected root/<label>/*.txt "
-                         f"or root/{{train,test}}/<label>/*.txt")
-    if cfg.max_rows > 0:
-        files = files[: cfg.max_rows]
-    encoding = _codec(cfg)
-    texts = [_read_text(f, encoding) for _, _, f in files]
-    return pa.table({
-        "id": [_name(f.relative_to(path).as_posix()) for _, _, f in files],
-        "text": texts,
-        "label": [_name(label) for _, label, _ in files],
-        "source_split": [split for split, _, _ in files],
-    }), {}
-
-
-def _subfolders(path: Path) -> list[Path]:
-    """Visible subfolders: `.ipynb_checkpoints` or `.git` is no class."""
-    return [d for d in sorted(path.iterdir()) if d.is_dir() and not d.name.startswith(".")]
-
-
-def _name(name: str) -> str:
-    """A file name as text: bytes that are not UTF-8 (Python's lone surrogates, which Arrow cannot
-    store) become \\xNN escapes, so ids stay unique and readable."""
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
-def _read_text(path: Path, encoding: str) -> str:
-    raw = path.read_bytes()
-    try:
-        return raw.decode(encoding)
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise ValueError(f"{path}:{line}: bytes {raw[e.start:e.end]!r} are not valid {encoding}; "
-                         f"set source.encoding to the files' encoding") from None
-
-
+read_folder = folders.read_folder  # the label-folder reader lives in folders.py
 READERS = {"jsonl": read_jsonl, "csv": read_csv, "tsv": read_csv, "parquet": read_parquet, "folder": read_folder}
