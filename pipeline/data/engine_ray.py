@@ -29,18 +29,30 @@ What moves and what stays (the engines differ in how they move data, never in wh
   Both give each text the smallest index of its component, so the plan is the local one exactly.
 - The leakage check (split): the same shuffle over train + validation/test, keeping only the pairs
   across the two sides (a band-key join), verified; each query's best match chosen as locally.
+- Reductions and filtered maps: a stage's counts, label sets and length histograms come from
+  `reduce` (each task reads only the columns it needs of a block from the stage's files and returns
+  a small partial: a Counter, a set, per-row fixed-width values; the driver combines them in row
+  order), and clean's map, counts and filter are one pass of `map_filter` tasks that write only the
+  kept rows (ray_io.py).
 
 What still runs on the driver (the process that runs prepare), and what it holds:
 - load: the source is read here (readers.py), its whole table in memory once;
-- a stage's post-processing between its map and its folder, as the stage codes it: memory-mapped
-  column operations (tokenize's remove_columns, label's filter and cast), except clean's filter of
-  the dropped rows, a pyarrow filter that materializes the kept rows in the driver's memory; the
-  stage folders are written by the tasks (above), so every node must see output_dir (shared
+- clean, label, tokenize: none of their rows or columns. The driver receives per block the drop
+  counts (clean), the class names found with their counts and first 3 ids each (label), a
+  histogram of token lengths (tokenize); it keeps memory-mapped views of the shards the tasks wrote
+  and the column operations datasets replays lazily (tokenize's remove_columns). Two exceptions:
+  label.unknown=drop with unknown labels filters them with datasets' filter on the driver (a pass
+  over the mapped label column, 8 B of indices per kept row), and training a tokenizer reads the
+  train texts here (the tokenizers trainer; a sample would not give the local tokenizer);
+- split: the distinct source split names, then 1 B of split code per row (computed in the tasks
+  from the id's hash or the source's split), or, stratified, 8 B of hash and 4 B of class per row
+  (the ranking by hash within a class needs them all; the ids of rows whose hash ties only), and
+  the row indices of each split (8 B per row); the leakage check (split.py's `_leakage`) as it reads them;
+- the stage folders are written by the tasks (above), so every node must see output_dir (shared
   storage on a cluster; a task that cannot see a stage's file fails naming it in one line);
 - dedup: the texts and ids as Python lists (dedup.py's plan), each block's texts sent once to its
   task, the labels (8 B per text) and, up to `ray.driver_edges`, the verified pairs (16 B each)
-  back; the plan of which row to keep and the report; split: the assignment by a hash of the id
-  and each query's best match; tokenize: training a tokenizer (on train).
+  back; the plan of which row to keep and the report.
 Measured (bench_ray.py, bench/RESULTS.md): a Ray dedup's driver peak RSS grows ~750 B per short
 document (100k-1 M; the local engine's process ~2.1 KiB, all of it).
 
@@ -250,6 +262,49 @@ class RayEngine:
         self._get(jobs, "saving the stage")
         for ds, where, n in written:
             ray_io.write_metadata(ds, where, n)
+
+    # ------------------------------------------------------------ reductions and filtered maps (issue 15)
+    def _block_bounds(self, rows: int) -> list[tuple[int, int]]:
+        """(start, end) of each block of contiguous rows, as map_batches cuts them."""
+        bounds = np.linspace(0, rows, self.blocks(rows) + 1).astype(int).tolist()
+        return list(zip(bounds[:-1], bounds[1:]))
+
+    def reduce(self, ds: Any, fn: Any, combine: Any, columns: list[str], *, batch_size: int = 10_000,
+               desc: str = "reduce") -> Any:
+        """What `LocalEngine.reduce` returns, from Ray tasks that each read `columns` of a block of
+        `ds`'s rows from its files and return combine([fn(batch), ...]); the driver receives only
+        those partials, one per block, and combines them in row order."""
+        from pipeline.data.common import LocalEngine
+
+        if not ds.num_rows:
+            return LocalEngine.reduce(self, ds, fn, combine, columns)
+        task = _import_ray().remote(ray_io.reduce_shard).options(**self._options())
+        source = ray_io.pack(ds)
+        return combine(self._get([task.remote(source, s, e, fn, combine, columns, batch_size)
+                                  for s, e in self._block_bounds(ds.num_rows)], desc))
+
+    def map_filter(self, ds: Any, fn: Any, added: dict, keep: Any, *, drop: list[str], tally: Any, combine: Any,
+                   remove_columns: Any = None, batch_size: int = 1000, desc: str = "map", **_: Any) -> tuple[Any, Any]:
+        """What `LocalEngine.map_filter` returns, in one pass of Ray tasks: each maps a block of rows
+        read from `ds`'s files, tallies the mapped batches, writes only the kept rows (less `drop`) as
+        one Arrow shard and returns its tally; the driver holds none of the rows."""
+        import datasets
+
+        from pipeline.data.common import LocalEngine
+
+        if not ds.num_rows:
+            return LocalEngine.map_filter(self, ds, fn, added, keep, drop=drop, tally=tally, combine=combine,
+                                          remove_columns=remove_columns)
+        removed = list(remove_columns or [])
+        features = datasets.Features({**{k: v for k, v in ds.features.items() if k not in removed}, **added})
+        folder, bounds = self._map_folder(), self._block_bounds(ds.num_rows)
+        paths = [str(folder / f"shard-{k:05d}.arrow") for k in range(len(bounds))]
+        task = _import_ray().remote(ray_io.map_filter_shard).options(**self._options())
+        source = ray_io.pack(ds)
+        done = self._get([task.remote(source, s, e, fn, removed, features, p, batch_size, keep, list(drop), tally,
+                                      combine) for (s, e), p in zip(bounds, paths)], desc)
+        kept = datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths])
+        return kept, combine([partial for _, partial in done])
 
     # ------------------------------------------------------------ dedup
     def _verified_pairs(self, texts: list[str], cfg: Any, threshold: float, normalized: bool, split_at: int = 0):
