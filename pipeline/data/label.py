@@ -73,7 +73,8 @@ def class_names(cfg: LabelConfig, found: Counter) -> list[str]:
 
 
 def _unknown_error(bad: dict[str, tuple[int, list[str]]], names: list[str]) -> ValueError:
-    counts = ", ".join(f"{v!r} ({n} rows, e.g. ids {ids})" for v, (n, ids) in sorted(bad.items(), key=lambda x: -x[1][0]))
+    by_rows = sorted(bad.items(), key=lambda x: -x[1][0])
+    counts = ", ".join(f"{v!r} ({n} rows, e.g. ids {ids})" for v, (n, ids) in by_rows)
     return ValueError(
         f"labels outside the classes {names}: {counts}. Map them with label.mapping, add them to label.names, "
         f"add label.rules for unlabelled text, or set label.unknown=drop to drop and count them"
