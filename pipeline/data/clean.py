@@ -28,7 +28,7 @@ import ftfy
 from ftfy import badness
 
 from pipeline.config import CleanConfig
-from pipeline.data.common import StageContext, StageResult
+from pipeline.data.common import StageContext, StageResult, add_up
 
 # ftfy for encoding repair only; the later steps of this module own the rest
 _FTFY = ftfy.TextFixerConfig(
@@ -144,10 +144,25 @@ def _clean_batch(batch: dict, cfg: CleanConfig) -> dict:
     return {"text": texts, "_drop": reasons, "_repaired": repaired, "_suspect": suspect}
 
 
-def clean(ds, cfg: CleanConfig, ctx: StageContext) -> StageResult:
-    """Clean every text; drop (and count by reason) the rows that fail the filters."""
-    import datasets
+def _kept(table):
+    """The rows a batch keeps (pyarrow mask): those without a drop reason."""
     import pyarrow.compute as pc
+
+    return pc.equal(table.column("_drop"), "")
+
+
+def _tally(table) -> tuple[Counter, int, int]:
+    """One batch's share of the report: rows by drop reason ("" = kept), repaired, still suspect."""
+    import pyarrow.compute as pc
+
+    return (Counter(table.column("_drop").to_pylist()), pc.sum(table.column("_repaired")).as_py() or 0,
+            pc.sum(table.column("_suspect")).as_py() or 0)
+
+
+def clean(ds, cfg: CleanConfig, ctx: StageContext) -> StageResult:
+    """Clean every text; drop (and count by reason) the rows that fail the filters. The map, the
+    counts and the filter are one pass (on Ray, in the tasks: the kept rows never reach the driver)."""
+    import datasets
 
     added = {"text": datasets.Value("string"), "_drop": datasets.Value("string"),
              "_repaired": datasets.Value("bool"), "_suspect": datasets.Value("bool")}
@@ -155,18 +170,13 @@ def clean(ds, cfg: CleanConfig, ctx: StageContext) -> StageResult:
     if quiet:
         datasets.disable_progress_bars()
     try:  # locally one process per ~5k rows at most: below that, starting processes costs more than it saves
-        ds = ctx.engine.map_batches(ds, functools.partial(_clean_batch, cfg=cfg), added, min_rows_per_proc=5000,
-                                    batch_size=1000, desc="clean", keep_in_memory=True, load_from_cache_file=False)
+        kept, (reasons, repaired, suspect) = ctx.engine.map_filter(
+            ds, functools.partial(_clean_batch, cfg=cfg), added, _kept, drop=["_drop", "_repaired", "_suspect"],
+            tally=_tally, combine=add_up, min_rows_per_proc=5000, batch_size=1000, desc="clean", keep_in_memory=True,
+            load_from_cache_file=False)
     finally:
         if quiet:
             datasets.enable_progress_bars()
-    table = ds.data.table  # map's output is in memory and has no indices mapping
-    reasons = Counter(table.column("_drop").to_pylist())
-    stats = {
-        "mojibake_repaired": pc.sum(table.column("_repaired")).as_py() or 0,
-        "mojibake_suspect_after": pc.sum(table.column("_suspect")).as_py() or 0,
-    }
-    # the filter is one vectorised Arrow call, not another pass of Python over the rows
-    kept = table.filter(pc.equal(table.column("_drop"), "")).drop_columns(["_drop", "_repaired", "_suspect"])
+    stats = {"mojibake_repaired": repaired, "mojibake_suspect_after": suspect}
     dropped = {reason: n for reason, n in sorted(reasons.items()) if reason}
-    return StageResult(datasets.Dataset(kept), dropped, stats)
+    return StageResult(kept, dropped, stats)

@@ -43,6 +43,25 @@ class LocalEngine:
         """While a stage runs in its temporary folder `tmp`: nothing to set up here (Ray's maps write there)."""
         return contextlib.nullcontext()
 
+    # ------------------------------------------------------------ reductions and filtered maps
+    # (the Ray engine's versions run in tasks over blocks; see its `reduce` and `map_filter`)
+    def reduce(self, ds: Any, fn: Any, combine: Any, columns: list[str], **_: Any) -> Any:
+        """combine([fn(table)]): `fn` given `ds`'s `columns` as one pyarrow Table, here in one piece
+        (on Ray one partial per batch and block, combined in row order: `fn` and `combine` must give
+        the same answer however the rows are cut)."""
+        return combine([fn(ds.select_columns(columns).with_format("arrow")[:])])
+
+    def map_filter(self, ds: Any, fn: Any, added: dict, keep: Any, *, drop: list[str], tally: Any, combine: Any,
+                   **kwargs: Any) -> tuple[Any, Any]:
+        """(`ds` mapped by `fn` as `map_batches` maps it, less the rows where keep(table) is false and
+        less the columns `drop`; combine([tally(table)])), `keep` and `tally` given the mapped rows as
+        a pyarrow Table: an in-memory Arrow filter of the mapped table, here."""
+        import datasets
+
+        table = self.map_batches(ds, fn, added, **kwargs).with_format("arrow")[:]
+        partial = combine([tally(table)])
+        return datasets.Dataset(table.filter(keep(table)).drop_columns(drop)), partial
+
     @staticmethod
     def load_source(path: Path, cfg: Any, where: str, read_whole: Any) -> tuple:
         """The load stage's read of a source file or folder: `read_whole` (sources.read_source, handed
@@ -122,6 +141,26 @@ def unit_hash(seed: int, doc_id: str) -> float:
     """A uniform number in [0, 1) fixed by (seed, id): a document's place in every sampling decision."""
     digest = hashlib.blake2b(f"{seed}\0{doc_id}".encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2.0**64
+
+
+def add_up(partials: list) -> Any:
+    """Partials of a reduce added up in order: numbers, Counters (first-seen key order kept), sets
+    (united) and tuples of them (element by element)."""
+    first, *rest = partials
+    if isinstance(first, tuple):
+        return tuple(add_up(list(parts)) for parts in zip(*partials))
+    for p in rest:
+        first = first | p if isinstance(first, set) else first + p
+    return first
+
+
+def concat(partials: list) -> Any:
+    """Partials of a reduce that are per-row values (numpy arrays, or tuples of them), joined in row order."""
+    import numpy as np
+
+    if isinstance(partials[0], tuple):
+        return tuple(concat(list(parts)) for parts in zip(*partials))
+    return np.concatenate(partials)
 
 
 def map_batches(ds: Any, fn: Any, added: dict, **kwargs: Any) -> Any:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.config import TokenizeConfig
-from pipeline.data.common import SPLITS, StageContext, StageResult, column
+from pipeline.data.common import SPLITS, StageContext, StageResult, add_up, column
 from pipeline.resolve import resolve_pretrained
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "merges.txt")
@@ -184,13 +185,41 @@ def _encoder(tok, cfg: TokenizeConfig):
 
 
 def length_stats(lengths: list[int], truncated: list[bool]) -> dict:
-    if not lengths:
+    """p50/p95/max of the lengths and the fraction truncated (the rows as lists: tests, one process)."""
+    table = {"length": np.asarray(lengths, dtype=np.int64), "truncated": np.asarray(truncated, dtype=bool)}
+    return stats_of(_length_counts(table))
+
+
+def _length_counts(table) -> tuple[Counter, int]:
+    """One batch's share of the length statistics: rows per token length, rows truncated."""
+    lengths = np.asarray(table["length"], dtype=np.int64)
+    values, counts = np.unique(lengths, return_counts=True)
+    return Counter(dict(zip(values.tolist(), counts.tolist()))), int(np.count_nonzero(np.asarray(table["truncated"])))
+
+
+def percentile_of_counts(values: np.ndarray, counts: np.ndarray, q: float) -> float:
+    """np.percentile(a, q) (its default, linear method, the same float) of the array `a` holding
+    each of `values` (ascending) `counts` times, without building `a`."""
+    n = int(counts.sum())
+    virtual = (n - 1) * (q / 100)  # numpy's virtual index for 'linear'
+    below = int(np.floor(virtual))
+    lo, hi = (n - 1, n - 1) if virtual >= n - 1 else (below, below + 1)
+    ends = np.cumsum(counts)  # a[i] is values[first k with ends[k] > i]
+    a, b = (float(values[np.searchsorted(ends, i, side="right")]) for i in (lo, hi))
+    t = virtual - lo if virtual < n - 1 else 0.0
+    return b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t  # numpy's _lerp, both of its branches
+
+
+def stats_of(tally: tuple[Counter, int]) -> dict:
+    """length_stats from the summed `_length_counts` of every batch."""
+    by_length, truncated = tally
+    n = sum(by_length.values())
+    if not n:
         return {"p50": 0, "p95": 0, "max": 0, "truncated_fraction": 0.0}
-    arr = np.asarray(lengths)
-    return {
-        "p50": float(np.percentile(arr, 50)), "p95": float(np.percentile(arr, 95)), "max": int(arr.max()),
-        "truncated_fraction": round(float(np.mean(truncated)), 4),
-    }
+    values = np.array(sorted(by_length), dtype=np.int64)
+    counts = np.array([by_length[v] for v in values.tolist()], dtype=np.int64)
+    return {"p50": percentile_of_counts(values, counts, 50), "p95": percentile_of_counts(values, counts, 95),
+            "max": int(values[-1]), "truncated_fraction": round(truncated / n, 4)}
 
 
 def encode(dd, cfg: TokenizeConfig, ctx: StageContext) -> StageResult:
@@ -202,7 +231,10 @@ def encode(dd, cfg: TokenizeConfig, ctx: StageContext) -> StageResult:
     encoded = {"input_ids": List(Value("int32")), "attention_mask": List(Value("int8")),
                "length": Value("int64"), "truncated": Value("bool")}
 
-    tok = build_tokenizer(column(dd["train"], "text"), cfg, cfg.pretrained, ctx.out_dir / "tokenizer")
+    # a trained tokenizer learns from the train texts, on the driver (the engine's answer must equal the local
+    # one, so not from a sample); a pretrained one reads none of them
+    train_texts = column(dd["train"], "text") if cfg.kind != "pretrained" else []
+    tok = build_tokenizer(train_texts, cfg, cfg.pretrained, ctx.out_dir / "tokenizer")
 
     enc, head = _encoder(tok, cfg)
     result = {}
@@ -210,6 +242,7 @@ def encode(dd, cfg: TokenizeConfig, ctx: StageContext) -> StageResult:
              "truncation": cfg.truncation, **({"head_tokens": head} if head else {})}
     for s in SPLITS:
         mapped = ctx.engine.map_batches(dd[s], enc, encoded, batch_size=1000, desc=f"tokenize {s}")
-        stats[s] = length_stats(column(mapped, "length"), column(mapped, "truncated"))
+        stats[s] = stats_of(ctx.engine.reduce(mapped, _length_counts, add_up, ["length", "truncated"],
+                                              desc=f"token lengths {s}"))
         result[s] = mapped.remove_columns("truncated")
     return StageResult(DatasetDict(result), {}, stats)

@@ -35,7 +35,11 @@ What moves and what stays (the engines differ in how they move data, never in wh
 - The leakage check (split): the same shuffle over train + validation/test (the sketch tasks reading
   both sides' rows), keeping only the pairs across the two sides (a band-key join), verified; each
   query's best match chosen as locally; the ids of only the rows with a hit fetched by tasks.
-
+- Reductions and filtered maps: a stage's counts, label sets and length histograms come from
+  `reduce` (each task reads only the columns it needs of a block from the stage's files and returns
+  a small partial: a Counter, a set, per-row fixed-width values; the driver combines them in row
+  order), and clean's map, counts and filter are one pass of `map_filter` tasks that write only the
+  kept rows (ray_io.py).
 - Load (ray_load.py): the source read in parts (parts.py: byte ranges at line starts, row groups, a
   label folder's files) by tasks that run the local engine's reader and write the rows as Arrow
   files; ids numbered and checked across parts by a shuffle of fixed-width keys; the driver adds up
@@ -46,16 +50,24 @@ What still runs on the driver (the process that runs prepare), and what it holds
 - load: the parts' plan (cut points, row group numbers, a label folder's file list), their counts and
   first errors, the five ids a repeated-id error names; a `hub` dataset is read here whole
   (sources._read_hub), and a CSV holding a quote character is read by one task;
-- a stage's post-processing between its map and its folder, as the stage codes it: memory-mapped
-  column operations (tokenize's remove_columns, label's filter and cast), except clean's filter of
-  the dropped rows, a pyarrow filter that materializes the kept rows in the driver's memory; the
-  stage folders are written by the tasks (above), so every node must see output_dir (shared
+- clean, label, tokenize: none of their rows or columns. The driver receives per block the drop
+  counts (clean), the class names found with their counts and first 3 ids each (label), a
+  histogram of token lengths (tokenize); it keeps memory-mapped views of the shards the tasks wrote
+  and the column operations datasets replays lazily (tokenize's remove_columns). Two exceptions:
+  label.unknown=drop with unknown labels filters them with datasets' filter on the driver (a pass
+  over the mapped label column, 8 B of indices per kept row), and training a tokenizer reads the
+  train texts here (the tokenizers trainer; a sample would not give the local tokenizer);
+- split: the distinct source split names, then 1 B of split code per row (computed in the tasks
+  from the id's hash or the source's split), or, stratified, 8 B of hash and 4 B of class per row
+  (the ranking by hash within a class needs them all; the ids of rows whose hash ties only), and
+  the row indices of each split (8 B per row); the leakage check: each query's best match and the
+  ids of the rows with a hit;
+- the stage folders are written by the tasks (above), so every node must see output_dir (shared
   storage on a cluster; a task that cannot see a stage's file fails naming it in one line);
 - dedup: no text, id or source_split column; fixed-width numpy arrays per row (hash 16 B, length,
   exact group, kept row, the near labels), the verified pairs up to `ray.driver_edges` (16 B each),
-  and the ids and texts of only the rows in a cluster (dicts);
-  the plan of which row to keep and the report; split: the assignment by a hash of the id and
-  each query's best match (the ids of the rows with a hit only); tokenize: training a tokenizer.
+  and the ids and texts of only the rows in a cluster (dicts); the plan of which row to keep and
+  the report.
 Measured (bench_ray.py --before, bench/RESULTS.md): the Ray dedup's driver peak RSS grows 316 B per
 short document (was 755 B; ~30% of that corpus's rows are in a cluster; the local engine ~2.1 KiB).
 
@@ -274,6 +286,49 @@ class RayEngine:
         from pipeline.data import ray_load
 
         return ray_load.load(self, path, cfg, where)
+
+    # ------------------------------------------------------------ reductions and filtered maps (issue 15)
+    def _block_bounds(self, rows: int) -> list[tuple[int, int]]:
+        """(start, end) of each block of contiguous rows, as map_batches cuts them."""
+        bounds = np.linspace(0, rows, self.blocks(rows) + 1).astype(int).tolist()
+        return list(zip(bounds[:-1], bounds[1:]))
+
+    def reduce(self, ds: Any, fn: Any, combine: Any, columns: list[str], *, batch_size: int = 10_000,
+               desc: str = "reduce") -> Any:
+        """What `LocalEngine.reduce` returns, from Ray tasks that each read `columns` of a block of
+        `ds`'s rows from its files and return combine([fn(batch), ...]); the driver receives only
+        those partials, one per block, and combines them in row order."""
+        from pipeline.data.common import LocalEngine
+
+        if not ds.num_rows:
+            return LocalEngine.reduce(self, ds, fn, combine, columns)
+        task = _import_ray().remote(ray_io.reduce_shard).options(**self._options())
+        source = ray_io.pack(ds)
+        return combine(self._get([task.remote(source, s, e, fn, combine, columns, batch_size)
+                                  for s, e in self._block_bounds(ds.num_rows)], desc))
+
+    def map_filter(self, ds: Any, fn: Any, added: dict, keep: Any, *, drop: list[str], tally: Any, combine: Any,
+                   remove_columns: Any = None, batch_size: int = 1000, desc: str = "map", **_: Any) -> tuple[Any, Any]:
+        """What `LocalEngine.map_filter` returns, in one pass of Ray tasks: each maps a block of rows
+        read from `ds`'s files, tallies the mapped batches, writes only the kept rows (less `drop`) as
+        one Arrow shard and returns its tally; the driver holds none of the rows."""
+        import datasets
+
+        from pipeline.data.common import LocalEngine
+
+        if not ds.num_rows:
+            return LocalEngine.map_filter(self, ds, fn, added, keep, drop=drop, tally=tally, combine=combine,
+                                          remove_columns=remove_columns)
+        removed = list(remove_columns or [])
+        features = datasets.Features({**{k: v for k, v in ds.features.items() if k not in removed}, **added})
+        folder, bounds = self._map_folder(), self._block_bounds(ds.num_rows)
+        paths = [str(folder / f"shard-{k:05d}.arrow") for k in range(len(bounds))]
+        task = _import_ray().remote(ray_io.map_filter_shard).options(**self._options())
+        source = ray_io.pack(ds)
+        done = self._get([task.remote(source, s, e, fn, removed, features, p, batch_size, keep, list(drop), tally,
+                                      combine) for (s, e), p in zip(bounds, paths)], desc)
+        kept = datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths])
+        return kept, combine([partial for _, partial in done])
 
     # ------------------------------------------------------------ dedup
     def _verified_pairs(self, n: int, segments: Any, cfg: Any, threshold: float, normalized: bool, split_at: int = 0):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from collections import Counter, defaultdict
 
 from pipeline.config import LabelConfig
-from pipeline.data.common import SPLITS, StageContext, StageResult, column
+from pipeline.data.common import SPLITS, StageContext, StageResult
 
 MISSING = "<missing>"  # how an empty raw label that no rule matched is reported
 
@@ -34,15 +35,46 @@ def resolve(raw: str, text: str, mapping: dict[str, str], rules: list[tuple[re.P
     return MISSING
 
 
-def class_names(dd, cfg: LabelConfig, mapping: dict, rules: list) -> list[str]:
+EXAMPLES = 3  # ids the unknown-label error shows per value
+
+
+def _names_found(table, mapping: dict, rules: list) -> tuple[Counter, dict]:
+    """One batch's share of the label report: rows per resolved class name (first seen first), and
+    the ids of the first EXAMPLES rows of each name."""
+    found, first = Counter(), defaultdict(list)
+    for doc_id, raw, text in zip(*(table.column(c).to_pylist() for c in ("id", "label", "text"))):
+        name = resolve(raw, text, mapping, rules)
+        found[name] += 1
+        if len(first[name]) < EXAMPLES:
+            first[name].append(doc_id)
+    return found, dict(first)
+
+
+def _add_found(partials: list) -> tuple[Counter, dict]:
+    """_names_found's partials, in row order, as one."""
+    found, first = Counter(), defaultdict(list)
+    for counts, ids in partials:
+        found += counts
+        for name, some in ids.items():
+            first[name] = (first[name] + some)[:EXAMPLES]
+    return found, dict(first)
+
+
+def names_per_split(dd, engine, mapping: dict, rules: list) -> dict[str, tuple[Counter, dict]]:
+    """Per split, _names_found over its rows, reduced by `engine` (on Ray: in tasks, per block)."""
+    fn = functools.partial(_names_found, mapping=mapping, rules=rules)
+    return {s: engine.reduce(dd[s], fn, _add_found, ["id", "label", "text"], desc=f"labels {s}") for s in SPLITS}
+
+
+def class_names(cfg: LabelConfig, found: Counter) -> list[str]:
     if cfg.names:  # repeats are refused when the config is loaded
         return [str(n) for n in cfg.names]
-    seen = {resolve(r, t, mapping, rules) for s in SPLITS for r, t in zip(column(dd[s], "label"), column(dd[s], "text"))}
-    return sorted(seen - {MISSING})
+    return sorted(set(found) - {MISSING})
 
 
-def _unknown_error(bad: dict[str, list[str]], names: list[str]) -> ValueError:
-    counts = ", ".join(f"{v!r} ({len(ids)} rows, e.g. ids {ids[:3]})" for v, ids in sorted(bad.items(), key=lambda x: -len(x[1])))
+def _unknown_error(bad: dict[str, tuple[int, list[str]]], names: list[str]) -> ValueError:
+    by_rows = sorted(bad.items(), key=lambda x: -x[1][0])
+    counts = ", ".join(f"{v!r} ({n} rows, e.g. ids {ids})" for v, (n, ids) in by_rows)
     return ValueError(
         f"labels outside the classes {names}: {counts}. Map them with label.mapping, add them to label.names, "
         f"add label.rules for unlabelled text, or set label.unknown=drop to drop and count them"
@@ -55,18 +87,13 @@ def label(dd, cfg: LabelConfig, ctx: StageContext) -> StageResult:
 
     mapping = {str(k): str(v) for k, v in cfg.mapping.items()}
     rules = compile_rules(cfg.rules)
-    names = class_names(dd, cfg, mapping, rules)
+    per_split = names_per_split(dd, ctx.engine, mapping, rules)
+    found, first = _add_found(list(per_split.values()))
+    names = class_names(cfg, found)
     if not names:
         raise ValueError("no labels found: the source has no label column values and no label.rules matched")
     index = {n: i for i, n in enumerate(names)}
-    bad: dict[str, list[str]] = defaultdict(list)
-    found: Counter = Counter()
-    for s in SPLITS:
-        for doc_id, raw, text in zip(column(dd[s], "id"), column(dd[s], "label"), column(dd[s], "text")):
-            name = resolve(raw, text, mapping, rules)
-            found[name] += 1
-            if name not in index:
-                bad[name].append(doc_id)
+    bad = {name: (n, first[name]) for name, n in found.items() if name not in index}  # value -> (rows, first ids)
     if bad and cfg.unknown == "error":
         raise _unknown_error(bad, names)
     absent = [n for n in names if not found[n]]
@@ -82,10 +109,15 @@ def label(dd, cfg: LabelConfig, ctx: StageContext) -> StageResult:
     for s in SPLITS:
         # an empty split is built with the final feature: cast_column does nothing on zero rows
         mapped = ctx.engine.map_batches(dd[s], to_id, {"label": ClassLabel(names=names)}, desc=f"label {s}")
-        kept = mapped.filter(lambda b: [i >= 0 for i in b["label"]], batched=True, desc=f"unknown labels {s}")
-        out[s] = kept.cast_column("label", ClassLabel(names=names))
-    dropped = {"unknown_label": sum(len(v) for k, v in bad.items() if k != MISSING), "missing_label": len(bad.get(MISSING, []))}
+        kept = mapped
+        if bad:  # label.unknown=drop: a pass over the mapped labels (8 B of indices per kept row); else none goes
+            kept = mapped.filter(lambda b: [i >= 0 for i in b["label"]], batched=True, desc=f"unknown labels {s}")
+        same = kept.features["label"] == ClassLabel(names=names)  # Ray's map wrote it so; cast_column is a pass
+        out[s] = kept if same else kept.cast_column("label", ClassLabel(names=names))
+    dropped = {"unknown_label": sum(n for k, (n, _) in bad.items() if k != MISSING),
+               "missing_label": bad.get(MISSING, (0,))[0]}
     result = DatasetDict(out)
-    counts = {s: dict(Counter(names[i] for i in column(result[s], "label"))) for s in SPLITS}
+    # the kept rows are those whose name is a class, so their counts are the counts found (same first-seen order)
+    counts = {s: {n: c for n, c in per_split[s][0].items() if n in index} for s in SPLITS}
     stats = {"label_names": names, "class_counts": counts, "classes_without_documents": absent}
     return StageResult(result, {k: v for k, v in dropped.items() if v}, stats)

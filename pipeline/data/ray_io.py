@@ -130,3 +130,42 @@ def write_splits(folder: Path, splits: list[str]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / config.DATASETDICT_JSON_FILENAME, "w", encoding="utf-8") as f:
         json.dump({"splits": splits}, f)
+
+
+# ---------------------------------------------------------------- reductions and filtered maps (issue 15)
+def _unpack_input(packed: tuple[list[str], Any]) -> Any:
+    """The packed Dataset, its files checked on this node first (a task that writes nothing)."""
+    import ray
+
+    for f in packed[0]:
+        check_visible(f)
+    return ray.get(packed[1])
+
+
+def reduce_shard(packed: tuple, start: int, end: int, fn: Any, combine: Any, columns: list, batch_size: int) -> Any:
+    """combine of fn(batch) over rows start:end of the packed Dataset, read here from its files, only
+    `columns`, batch by batch as pyarrow Tables: a small partial (a Counter, a histogram, per-row
+    fixed-width values), not the rows."""
+    rows = _unpack_input(packed).select(range(start, end)).select_columns(columns).with_format("arrow")
+    return combine([fn(table) for table in rows.iter(batch_size)] or [fn(rows[:])])
+
+
+def map_filter_shard(packed: tuple, start: int, end: int, fn: Any, removed: list, features: Any, path: str,
+                     batch_size: int, keep: Any, drop: list, tally: Any, combine: Any) -> tuple[int, Any]:
+    """`map_shard` (`features`: the mapped rows'), writing only the rows where keep(table) holds, less
+    the columns `drop`; (rows written, combine of tally(table) over the mapped batches)."""
+    from datasets import Features
+    from datasets.arrow_writer import ArrowWriter
+
+    ds = _unpack(packed, path)
+    schema, partials = features.arrow_schema, []
+    writer = ArrowWriter(features=Features({k: v for k, v in features.items() if k not in drop}), path=path)
+    try:
+        for table in ds.select(range(start, end)).with_format("arrow").iter(batch_size):
+            out = apply_batch(table, fn, removed, schema)
+            partials.append(tally(out))
+            writer.write_table(out.filter(keep(out)).drop_columns(drop))
+        rows, _ = writer.finalize()
+    finally:
+        writer.close()
+    return rows, combine(partials)

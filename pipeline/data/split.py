@@ -8,39 +8,92 @@ after the assignment, so every chunk of a document lands in the document's split
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections import defaultdict
 
 import numpy as np
 
 from pipeline.config import SplitConfig
 # the local engine's leakage check runs minhash (common.LocalEngine.cross_duplicates): split's code fingerprint follows it
 from pipeline.data import minhash  # noqa: F401
-from pipeline.data.common import SPLITS, StageContext, StageResult, column, unit_hash
+from pipeline.data.common import SPLITS, LocalEngine, StageContext, StageResult, add_up, column, concat, unit_hash
 
 SOURCE_SPLIT_NAMES = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
                       "val": "validation", "dev": "validation", "test": "test", "testing": "test"}
 _SENTENCE_END = re.compile(r"(?<=[.!?…])\s+")
 
 
-def assign(ids: list[str], labels: list[str], ratios: tuple[float, float, float], seed: int, stratify: bool) -> list[str]:
-    """Split name per document. Hash thresholds, or per-class hash ranks cut at the ratios."""
-    u = [unit_hash(seed, i) for i in ids]
-    cut_train, cut_val = ratios[0], ratios[0] + ratios[1]
+CODES = {name: k for k, name in enumerate(SPLITS)}  # a split as the int8 the assignment gives each row
+
+
+def _distinct(table, name: str) -> set:
+    """The distinct values of one column of a batch."""
+    import pyarrow.compute as pc
+
+    return set(pc.unique(table.column(name)).to_pylist())
+
+
+def _ids(table) -> list[str]:
+    return table.column("id").to_pylist()
+
+
+def _hash_codes(table, seed: int, cuts: tuple[float, float]) -> np.ndarray:
+    """(rows,) int8 split codes of a batch by hash thresholds (stratify=false)."""
+    u = np.array([unit_hash(seed, i) for i in _ids(table)], dtype=np.float64)
+    return np.where(u < cuts[0], 0, np.where(u < cuts[1], 1, 2)).astype(np.int8)
+
+
+def _hash_and_class(table, seed: int, classes: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(rows,) float64 hashes and (rows,) int32 class indices of a batch (stratify=true)."""
+    index = {c: k for k, c in enumerate(classes)}
+    u = np.array([unit_hash(seed, i) for i in _ids(table)], dtype=np.float64)
+    return u, np.array([index[c] for c in table.column("label").to_pylist()], dtype=np.int32)
+
+
+def _stratified_codes(u: np.ndarray, cls: np.ndarray, cuts: tuple[float, float], ids_of) -> np.ndarray:
+    """Per class, its rows ranked by (hash, id) and cut at the ratios. Only rows whose (class, hash)
+    another row shares (53-bit floats: rare) need their ids, asked of `ids_of(rows ascending)`."""
+    codes = np.empty(len(u), dtype=np.int8)
+    if not len(u):
+        return codes
+    order = np.lexsort((u, cls))  # by class, then hash
+    su, sc = u[order], cls[order]
+    same = (su[1:] == su[:-1]) & (sc[1:] == sc[:-1])
+    tied = np.flatnonzero(np.r_[same, False] | np.r_[False, same])
+    if len(tied):
+        rows = np.sort(order[tied])
+        ids = dict(zip(rows.tolist(), ids_of(rows)))
+        order[tied] = sorted(order[tied].tolist(), key=lambda k: (cls[k], u[k], ids[k]))
+    bounds = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1], True])
+    for s, e in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        rank = np.arange(e - s)
+        n_train, n_val = round((e - s) * cuts[0]), round((e - s) * cuts[1])
+        codes[order[s:e]] = np.where(rank < n_train, 0, np.where(rank < n_val, 1, 2))
+    return codes
+
+
+def assign_codes(ds, engine, ratios: tuple[float, float, float], seed: int, stratify: bool) -> np.ndarray:
+    """(rows,) int8 split code (CODES) of each row of `ds` (id, label): hash thresholds, or per-class
+    hash ranks cut at the ratios. The hashes are computed where `engine` reduces (on Ray: in tasks);
+    stratified, the ranking needs them all, so the driver receives 8 B of hash + 4 B of class per row
+    (and the ids of tied rows only), never the id or label columns."""
+    cuts = (ratios[0], ratios[0] + ratios[1])
     if not stratify:
-        return ["train" if x < cut_train else "validation" if x < cut_val else "test" for x in u]
-    out = [""] * len(ids)
-    by_label: dict[str, list[int]] = defaultdict(list)
-    for k, lab in enumerate(labels):
-        by_label[lab].append(k)
-    for members in by_label.values():
-        members.sort(key=lambda k: (u[k], ids[k]))
-        n = len(members)
-        n_train, n_val = round(n * cut_train), round(n * cut_val)
-        for rank, k in enumerate(members):
-            out[k] = "train" if rank < n_train else "validation" if rank < n_val else "test"
-    return out
+        return engine.reduce(ds, functools.partial(_hash_codes, seed=seed, cuts=cuts), concat, ["id"], desc="split")
+    classes = sorted(engine.reduce(ds, functools.partial(_distinct, name="label"), add_up, ["label"], desc="classes"))
+    u, cls = engine.reduce(ds, functools.partial(_hash_and_class, seed=seed, classes=classes), concat,
+                           ["id", "label"], desc="split")
+    return _stratified_codes(u, cls, cuts, lambda rows: engine.reduce(ds.select(rows), _ids, add_up, ["id"]))
+
+
+def assign(ids: list[str], labels: list[str], ratios: tuple[float, float, float], seed: int, stratify: bool) -> list[str]:
+    """Split name per document (assign_codes over these lists, in this process)."""
+    from datasets import Dataset
+
+    codes = assign_codes(Dataset.from_dict({"id": list(ids), "label": list(labels)}), LocalEngine(), ratios, seed,
+                         stratify)
+    return [SPLITS[c] for c in codes.tolist()]
 
 
 def source_split_names(raw: list[str]) -> list[str]:
@@ -57,19 +110,27 @@ def source_split_names(raw: list[str]) -> list[str]:
     return [SOURCE_SPLIT_NAMES[r.lower()] for r in raw]
 
 
-def _from_source(ds, cfg: SplitConfig) -> list[str] | None:
-    """Use the source's own split; a missing validation split is carved from train by hash."""
-    raw = column(ds, "source_split")
-    if not cfg.use_source_split or not any(raw):
+def _source_codes(table, seed: int, share: float) -> np.ndarray:
+    """(rows,) int8 codes of a batch's source split names (checked already); with share > 0, that
+    share of train carved into validation by hash."""
+    names = [SOURCE_SPLIT_NAMES[r.lower()] for r in table.column("source_split").to_pylist()]
+    return np.array([CODES["validation"] if share and n == "train" and unit_hash(seed, i) < share else CODES[n]
+                     for n, i in zip(names, _ids(table))], dtype=np.int8)
+
+
+def _from_source(ds, cfg: SplitConfig, engine) -> np.ndarray | None:
+    """Codes of the source's own split; a missing validation split is carved from train by hash.
+    The driver receives the distinct names, then 1 B per row."""
+    if not cfg.use_source_split:
         return None
-    names = source_split_names(raw)
-    if "validation" not in names and cfg.validation > 0:
-        share = cfg.validation / (cfg.train + cfg.validation)
-        ids = column(ds, "id")
-        names = [
-            "validation" if n == "train" and unit_hash(cfg.seed, ids[k]) < share else n for k, n in enumerate(names)
-        ]
-    return names
+    raw = engine.reduce(ds, functools.partial(_distinct, name="source_split"), add_up, ["source_split"],
+                        desc="source splits")
+    if not any(raw):
+        return None
+    names = source_split_names(sorted(raw))
+    share = cfg.validation / (cfg.train + cfg.validation) if "validation" not in names and cfg.validation > 0 else 0
+    return engine.reduce(ds, functools.partial(_source_codes, seed=cfg.seed, share=share), concat,
+                         ["id", "source_split"], desc="source splits")
 
 
 def chunk_text(text: str, cfg: SplitConfig) -> list[str]:
@@ -163,16 +224,14 @@ def split(ds, cfg: SplitConfig, ctx: StageContext) -> StageResult:
     The leakage check uses the MinHash settings of ctx.similarity (the dedup section)."""
     from datasets import DatasetDict
 
-    names = _from_source(ds, cfg)
-    source_kept = names is not None
-    if names is None:
-        names = assign(column(ds, "id"), column(ds, "label"), (cfg.train, cfg.validation, cfg.test), cfg.seed, cfg.stratify)
-    rows: dict[str, list[int]] = {s: [] for s in SPLITS}
-    for k, name in enumerate(names):
-        rows[name].append(k)
-    if not rows["train"]:  # a tokenizer trained on nothing, and nothing to train on
+    codes = _from_source(ds, cfg, ctx.engine)
+    source_kept = codes is not None
+    if codes is None:
+        codes = assign_codes(ds, ctx.engine, (cfg.train, cfg.validation, cfg.test), cfg.seed, cfg.stratify)
+    rows = {s: np.flatnonzero(codes == CODES[s]) for s in SPLITS}  # row indices: 8 B per row
+    if not len(rows["train"]):  # a tokenizer trained on nothing, and nothing to train on
         how = ("the source's own split has none; set split.use_source_split=false to split by ratio" if source_kept
-               else f"{len(names)} documents are too few for split.train={cfg.train}")
+               else f"{ds.num_rows} documents are too few for split.train={cfg.train}")
         raise ValueError(f"the train split is empty: {how}")
     base = ds.remove_columns("source_split")
     parts = {s: base.select(rows[s]) for s in SPLITS}
