@@ -79,36 +79,16 @@ class LocalEngine:
 
 
     # ------------------------------------------------------------ dedup and the leakage check
-    @staticmethod
-    def value_codes(ds: Any, name: str) -> tuple[list, Any]:
-        """A column's distinct values and each row's place in them (dedup.value_codes)."""
-        return _stage_module("dedup").value_codes(column(ds, name))
+    # (the stage hands in its in-process code, as load_source's read_whole: this module imports no stage)
+    def plan_dedup(self, ds: Any, cfg: Any, protected: Any, plan_lists: Any) -> tuple[Any, Any]:
+        """dedup's plan of `ds` and the ids and texts its report reads: plan_lists (dedup.plan_lists)
+        on the text and id columns as lists, in this process."""
+        return plan_lists(column(ds, "text"), column(ds, "id"), cfg, self.num_proc, protected)
 
-    def plan_dedup(self, ds: Any, cfg: Any, protected: Any) -> tuple[Any, Any]:
-        """dedup's plan of `ds` and the ids and texts its report reads, from the columns as lists."""
-        dedup = _stage_module("dedup")
-        texts, ids = column(ds, "text"), column(ds, "id")
-        return dedup.plan_dedup(texts, ids, cfg, self.num_proc, None, protected), dedup.Strings(ids, texts)
-
-    @staticmethod
-    def cross_duplicates(reference: Any, query: Any, cfg: Any, threshold: float, num_proc: int = 1) -> list:
-        """minhash.cross_duplicates of the two datasets' texts (a MinHashLSH index of the reference's)."""
-        find = _stage_module("minhash").cross_duplicates
-        return find(column(reference, "text"), column(query, "text"), cfg, threshold, num_proc)
-
-    @staticmethod
-    def fetch(ds: Any, rows: list[int], name: str) -> list:
-        """Column `name` at `rows` (ascending), in that order."""
-        return column(ds.select(rows), name)
-
-
-def _stage_module(name: str) -> Any:
-    """pipeline.data.<name>, imported by name: every stage imports this module, and runner's code
-    fingerprint follows import statements, so a plain import here would make every stage depend on
-    dedup's code. The stages that call these methods import those modules themselves (split: minhash)."""
-    import importlib
-
-    return importlib.import_module(f"pipeline.data.{name}")
+    def cross_duplicates(self, reference: Any, query: Any, cfg: Any, threshold: float, find: Any) -> list:
+        """find (minhash.cross_duplicates: a MinHashLSH index of the reference's) on the two datasets'
+        texts as lists, in this process."""
+        return find(column(reference, "text"), column(query, "text"), cfg, threshold, self.num_proc)
 
 
 @dataclass
@@ -161,6 +141,47 @@ def concat(partials: list) -> Any:
     if isinstance(partials[0], tuple):
         return tuple(concat(list(parts)) for parts in zip(*partials))
     return np.concatenate(partials)
+
+
+def _batch_codes(table: Any, name: str) -> tuple[list, Any]:
+    """A batch's column `name`: its distinct values (first appearance first) and each row's place in them."""
+    import numpy as np
+
+    seen: dict = {}
+    codes = [seen.setdefault(v, len(seen)) for v in table.column(name).to_pylist()]
+    return list(seen), np.array(codes, dtype=np.int64)
+
+
+def merge_codes(partials: list) -> tuple[list, Any]:
+    """(values, codes) partials in row order as one: values by first appearance, codes renumbered."""
+    import numpy as np
+
+    seen: dict = {}
+    parts = [np.array([seen.setdefault(v, len(seen)) for v in values], dtype=np.int64)[codes]
+             for values, codes in partials if len(codes)]
+    return list(seen), np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def value_codes(engine: Any, ds: Any, name: str) -> tuple[list, Any]:
+    """Column `name` of `ds` as its distinct values (first appearance first) and (rows,) each row's place
+    in them, from one `engine.reduce` (on Ray: tasks; the driver gets the codes, 8 B per row, not the column)."""
+    import functools
+
+    return engine.reduce(ds, functools.partial(_batch_codes, name=name), merge_codes, [name], desc=f"reading {name}")
+
+
+def fetch(engine: Any, ds: Any, rows: list[int], names: tuple[str, ...]) -> tuple[list, ...]:
+    """Columns `names` of `ds` at `rows` (ascending), one list each, read where `engine` reduces: only
+    those rows (`ds.select(rows)`), never the whole column."""
+    import functools
+
+    if not len(rows):
+        return tuple([] for _ in names)
+    return engine.reduce(ds.select(rows), functools.partial(_lists, names=names), add_up, list(names), desc="fetch")
+
+
+def _lists(table: Any, names: tuple[str, ...]) -> tuple[list, ...]:
+    return tuple(table.column(n).to_pylist() for n in names)
 
 
 def map_batches(ds: Any, fn: Any, added: dict, **kwargs: Any) -> Any:

@@ -27,7 +27,7 @@ import numpy as np
 
 from pipeline.config import DedupConfig
 from pipeline.data import minhash
-from pipeline.data.common import StageContext, StageResult
+from pipeline.data.common import StageContext, StageResult, value_codes
 from pipeline.data.split import SOURCE_SPLIT_NAMES, source_split_names
 
 REPORT = "clusters.jsonl"
@@ -181,6 +181,11 @@ def plan_dedup(texts: list[str], ids: list[str], cfg: DedupConfig, num_proc: int
     return plan_rows(first_of_texts(norm), length, cfg, search, Strings(ids, texts), protected)
 
 
+def plan_lists(texts: list[str], ids: list[str], cfg: DedupConfig, num_proc: int, protected: np.ndarray | None):
+    """The local engine's plan (plan_dedup, in this process) and the Strings its report reads."""
+    return plan_dedup(texts, ids, cfg, num_proc, None, protected), Strings(ids, texts)
+
+
 def plan_rows(first: np.ndarray, length: np.ndarray, cfg: DedupConfig, near, strings: Strings,
               protected: np.ndarray | None = None) -> Plan:
     """The plan from fixed-width facts of N rows, whichever engine computed them: `first` (N,) each
@@ -264,13 +269,6 @@ def protected_rows(names: list[str], codes: np.ndarray, cfg: DedupConfig) -> np.
     return np.array([n == "test" for n in canonical], dtype=bool)[codes]
 
 
-def value_codes(values: list[str]) -> tuple[list[str], np.ndarray]:
-    """A column as its distinct values (in order of first appearance) and each row's place in them."""
-    seen: dict[str, int] = {}
-    codes = np.array([seen.setdefault(v, len(seen)) for v in values], dtype=np.int64)
-    return list(seen), codes
-
-
 def _test_stats(names: list[str], codes: np.ndarray, plan: Plan | None, cfg: DedupConfig) -> dict:
     """What dedup did to the source's own test split, for the record evaluate reads (metrics.json's
     test_set); {} when the source has no test split."""
@@ -287,11 +285,11 @@ def _test_stats(names: list[str], codes: np.ndarray, plan: Plan | None, cfg: Ded
 def dedup(ds, cfg: DedupConfig, ctx: StageContext) -> StageResult:
     """The stage: `ds` with columns id, text, label, source_split; the same columns out. The engine
     plans (`plan_dedup`): the local one from the columns as lists, Ray's from tasks' fixed-width facts."""
-    names, codes = ctx.engine.value_codes(ds, "source_split")  # the protected rows and the test split's record
+    names, codes = value_codes(ctx.engine, ds, "source_split")  # the protected rows and the test split's record
     protected = protected_rows(names, codes, cfg)
     if cfg.method == "none":
         return StageResult(ds, {}, {"method": "none", **_test_stats(names, codes, None, cfg)})
-    plan, strings = ctx.engine.plan_dedup(ds, cfg, protected)
+    plan, strings = ctx.engine.plan_dedup(ds, cfg, protected, plan_lists)
     write_report(plan, strings.texts, strings.ids, ctx.out_dir / REPORT)
     near = int(plan.near[~plan.stays].sum())
     dropped = {"exact_duplicate": len(plan.removed) - near, "near_duplicate": near}

@@ -391,10 +391,11 @@ class RayEngine:
         stats = near_stats(candidates, verified, cfg, b, r, len(sketches))
         return labels, functools.partial(self._jaccard, starts, sketches), stats
 
-    def cross_duplicates(self, reference: Any, query: Any, cfg: Any, threshold: float, num_proc: int = 1) -> list:
+    def cross_duplicates(self, reference: Any, query: Any, cfg: Any, threshold: float, find: Any = None) -> list:
         """minhash.cross_duplicates's answer for the two datasets' texts (each query row's most similar
         reference row at Jaccard >= threshold, ties to the smallest reference row): a band-key join of
-        the two sides, verified, the sketch tasks reading the texts themselves."""
+        the two sides, verified, the sketch tasks reading the texts themselves (`find`, the stage's
+        in-process search, is the local engine's)."""
         if not reference.num_rows or not query.num_rows:
             return []
         nr = reference.num_rows
@@ -408,16 +409,10 @@ class RayEngine:
         first[1:] = pairs[1:, 1] != pairs[:-1, 1]
         return [(q - nr, i, s) for (i, q), s in zip(pairs[first].tolist(), sim[first].tolist())]
 
-    def plan_dedup(self, ds: Any, cfg: Any, protected: Any) -> tuple[Any, Any]:
+    def plan_dedup(self, ds: Any, cfg: Any, protected: Any, plan_lists: Any = None) -> tuple[Any, Any]:
         """dedup's plan of `ds` from tasks' fixed-width facts, and the ids and texts (of only the rows
-        in a cluster) its report reads: ray_dedup.plan."""
+        in a cluster) its report reads: ray_dedup.plan (`plan_lists`, the in-process plan, is the local engine's)."""
         return ray_dedup.plan(self, ds, cfg, protected)
-
-    def value_codes(self, ds: Any, name: str) -> tuple[list, np.ndarray]:
-        return ray_dedup.value_codes(self, ds, name)
-
-    def fetch(self, ds: Any, rows: list[int], name: str) -> list:
-        return ray_dedup.fetch(self, ds, rows, name)
 
     def _components(self, n: int, edge_refs: list) -> np.ndarray:
         """(n,) the smallest index of each node's component, the edges staying in their shards."""

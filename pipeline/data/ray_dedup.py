@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.data import ray_io
+from pipeline.data.common import fetch
 from pipeline.data import ray_tasks as tasks
 from pipeline.data.dedup import Strings, _copied, plan_rows
 from pipeline.data.shingling import normalize_text
@@ -26,40 +27,17 @@ from pipeline.data.shingling import normalize_text
 # ---------------------------------------------------------------- task bodies (run on Ray workers)
 
 
-def _open(packed: tuple) -> Any:
-    """The packed Dataset, its files checked visible on this node first."""
-    import ray
-
-    files, ref = packed
-    for f in files:
-        ray_io.check_visible(f)
-    return ray.get(ref)
-
-
 def _row_facts(packed: tuple, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows start:end: (M, 2) uint64 blake2b-128 of each normalized text and (M,) int64 its characters."""
-    norm = [normalize_text(t) for t in _open(packed).select(range(start, end))["text"][:]]
+    norm = [normalize_text(t) for t in ray_io.open_packed(packed).select(range(start, end))["text"][:]]
     digest = b"".join(hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).digest() for t in norm)
     return np.frombuffer(digest, dtype=np.uint64).reshape(-1, 2), np.fromiter(map(len, norm), np.int64, len(norm))
-
-
-def _column_codes(packed: tuple, start: int, end: int, name: str) -> tuple[list, np.ndarray]:
-    """Rows start:end of column `name`: its distinct values (first appearance first) and (M,) codes."""
-    seen: dict = {}
-    codes = [seen.setdefault(v, len(seen)) for v in _open(packed).select(range(start, end))[name][:]]
-    return list(seen), np.array(codes, dtype=np.int64)
-
-
-def _rows_of(packed: tuple, rows: np.ndarray, names: tuple[str, ...]) -> list[list]:
-    """Columns `names` at `rows` (ascending), one list each."""
-    part = _open(packed).select(rows)
-    return [part[n][:] for n in names]
 
 
 def _sketch_rows(segments: list, normalized: bool, start: int, cfg: Any, bands: int, rows: int, parts: int) -> list:
     """ray_tasks._sketch_block of the texts of `segments` ((packed Dataset, rows) pairs, in order),
     read here, normalized first when `normalized` (dedup; the leakage check signs raw texts)."""
-    texts = [t for packed, at in segments for t in _open(packed).select(at)["text"][:]]
+    texts = [t for packed, at in segments for t in ray_io.open_packed(packed).select(at)["text"][:]]
     if normalized:
         texts = [normalize_text(t) for t in texts]
     return tasks._sketch_block(texts, start, cfg, bands, rows, parts, normalized)
@@ -68,44 +46,21 @@ def _sketch_rows(segments: list, normalized: bool, start: int, cfg: Any, bands: 
 # ---------------------------------------------------------------- the driver's side
 
 
-def bounds(engine: Any, n: int) -> list[int]:
-    """Block edges of n rows (engine.blocks of them, contiguous)."""
-    return np.linspace(0, n, engine.blocks(n) + 1).astype(int).tolist()
-
-
-def value_codes(engine: Any, ds: Any, name: str) -> tuple[list, np.ndarray]:
-    """dedup.value_codes of column `name`, each block's by a task, merged in block order."""
-    import ray
-
-    packed, edges = ray_io.pack(ds), bounds(engine, ds.num_rows)
-    task = ray.remote(_column_codes).options(**engine._options())
-    found = engine._get([task.remote(packed, s, e, name) for s, e in zip(edges[:-1], edges[1:])], f"reading {name}")
-    seen: dict = {}
-    parts = [np.array([seen.setdefault(v, len(seen)) for v in values], dtype=np.int64)[codes]
-             for values, codes in found if len(codes)]
-    return list(seen), np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
-
 class RayStrings(Strings):
-    """Ids and raw texts of only the rows asked for (dicts by row), fetched by one task per block."""
+    """Ids and raw texts of only the rows asked for (dicts by row), read by tasks (common.fetch)."""
 
-    def __init__(self, engine: Any, packed: tuple, edges: list[int]):
+    def __init__(self, engine: Any, ds: Any):
         super().__init__({}, {})
-        self.engine, self.packed, self.edges = engine, packed, np.array(edges)
+        self.engine, self.ds = engine, ds
         self.fetched = 0  # rows fetched so far (a test reads it)
 
     def need(self, rows: np.ndarray) -> None:
-        import ray
-
-        missing = np.array([r for r in rows.tolist() if r not in self.ids], dtype=np.int64)
-        if not len(missing):
+        missing = [r for r in rows.tolist() if r not in self.ids]
+        if not missing:
             return
-        task = ray.remote(_rows_of).options(**self.engine._options())
-        wanted = [w for w in tasks.rows_by_block(missing, self.edges) if len(w)]
-        found = self.engine._get([task.remote(self.packed, w, ("id", "text")) for w in wanted], "dedup (ids and texts)")
-        for w, (ids, texts) in zip(wanted, found):
-            self.ids.update(zip(w.tolist(), ids))
-            self.texts.update(zip(w.tolist(), texts))
+        ids, texts = fetch(self.engine, self.ds, missing, ("id", "text"))
+        self.ids.update(zip(missing, ids))
+        self.texts.update(zip(missing, texts))
         self.fetched += len(missing)
 
 
@@ -134,10 +89,9 @@ def plan(engine: Any, ds: Any, cfg: Any, protected: np.ndarray | None) -> tuple[
     """dedup.plan_rows of `ds` from the tasks' facts; the plan, and the strings its report reads."""
     import ray
 
-    packed, edges = ray_io.pack(ds), bounds(engine, ds.num_rows)
-    task = ray.remote(_row_facts).options(**engine._options())
-    facts = engine._get([task.remote(packed, s, e) for s, e in zip(edges[:-1], edges[1:])], "dedup (text hashes)")
-    strings = RayStrings(engine, packed, edges)
+    packed, task = ray_io.pack(ds), ray.remote(_row_facts).options(**engine._options())
+    facts = engine._get([task.remote(packed, s, e) for s, e in engine._block_bounds(ds.num_rows)], "dedup (text hashes)")
+    strings = RayStrings(engine, ds)
     first = verified_first(first_of_hashes(np.concatenate([h for h, _ in facts])), strings)
     length = np.concatenate([n for _, n in facts])
     del facts
@@ -153,15 +107,3 @@ def joined(reference: Any, query: Any):
         return ref + ([(pq, range(max(s, nr) - nr, e - nr))] if e > nr else [])
 
     return segments
-
-
-def fetch(engine: Any, ds: Any, rows: list[int], name: str) -> list:
-    """Column `name` at `rows` (ascending), read by one task per block that holds some."""
-    import ray
-
-    if not rows:
-        return []
-    wanted = tasks.rows_by_block(np.asarray(rows, dtype=np.int64), np.array(bounds(engine, ds.num_rows)))
-    task, packed = ray.remote(_rows_of).options(**engine._options()), ray_io.pack(ds)
-    found = engine._get([task.remote(packed, w, (name,)) for w in wanted if len(w)], f"reading {name}")
-    return [v for (values,) in found for v in values]

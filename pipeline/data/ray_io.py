@@ -133,8 +133,8 @@ def write_splits(folder: Path, splits: list[str]) -> None:
 
 
 # ---------------------------------------------------------------- reductions and filtered maps (issue 15)
-def _unpack_input(packed: tuple[list[str], Any]) -> Any:
-    """The packed Dataset, its files checked on this node first (a task that writes nothing)."""
+def open_packed(packed: tuple[list[str], Any]) -> Any:
+    """The packed Dataset, its files checked visible on this node first (a task that writes nothing)."""
     import ray
 
     for f in packed[0]:
@@ -146,7 +146,7 @@ def reduce_shard(packed: tuple, start: int, end: int, fn: Any, combine: Any, col
     """combine of fn(batch) over rows start:end of the packed Dataset, read here from its files, only
     `columns`, batch by batch as pyarrow Tables: a small partial (a Counter, a histogram, per-row
     fixed-width values), not the rows."""
-    rows = _unpack_input(packed).select(range(start, end)).select_columns(columns).with_format("arrow")
+    rows = open_packed(packed).select(range(start, end)).select_columns(columns).with_format("arrow")
     return combine([fn(table) for table in rows.iter(batch_size)] or [fn(rows[:])])
 
 

@@ -15,9 +15,8 @@ import re
 import numpy as np
 
 from pipeline.config import SplitConfig
-# the local engine's leakage check runs minhash (common.LocalEngine.cross_duplicates): split's code fingerprint follows it
-from pipeline.data import minhash  # noqa: F401
-from pipeline.data.common import SPLITS, LocalEngine, StageContext, StageResult, add_up, column, concat, unit_hash
+from pipeline.data import minhash
+from pipeline.data.common import SPLITS, LocalEngine, StageContext, StageResult, add_up, concat, fetch, unit_hash
 
 SOURCE_SPLIT_NAMES = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
                       "val": "validation", "dev": "validation", "test": "test", "testing": "test"}
@@ -84,7 +83,7 @@ def assign_codes(ds, engine, ratios: tuple[float, float, float], seed: int, stra
     classes = sorted(engine.reduce(ds, functools.partial(_distinct, name="label"), add_up, ["label"], desc="classes"))
     u, cls = engine.reduce(ds, functools.partial(_hash_and_class, seed=seed, classes=classes), concat,
                            ["id", "label"], desc="split")
-    return _stratified_codes(u, cls, cuts, lambda rows: engine.reduce(ds.select(rows), _ids, add_up, ["id"]))
+    return _stratified_codes(u, cls, cuts, lambda rows: fetch(engine, ds, rows, ("id",))[0])
 
 
 def assign(ids: list[str], labels: list[str], ratios: tuple[float, float, float], seed: int, stratify: bool) -> list[str]:
@@ -187,7 +186,8 @@ def leakage_checks(keep_test_whole: bool) -> tuple[tuple[str, str], ...]:
 def _ids_at(engine, ds, rows: list[int]) -> dict[int, str]:
     """{row: id} of only the rows named (the engine reads those rows' ids, not the whole column)."""
     wanted = sorted(set(rows))
-    return dict(zip(wanted, engine.fetch(ds, wanted, "id")))
+    (ids,) = fetch(engine, ds, wanted, ("id",))
+    return dict(zip(wanted, ids))
 
 
 def _leakage(parts: dict, cfg: SplitConfig, ctx: StageContext) -> tuple[dict, dict]:
@@ -200,7 +200,8 @@ def _leakage(parts: dict, cfg: SplitConfig, ctx: StageContext) -> tuple[dict, di
         query, reference = parts[name], parts[ref]
         if query.num_rows == 0 or reference.num_rows == 0:
             continue
-        hits = ctx.engine.cross_duplicates(reference, query, ctx.similarity, cfg.leakage_threshold, ctx.num_proc)
+        hits = ctx.engine.cross_duplicates(reference, query, ctx.similarity, cfg.leakage_threshold,
+                                           minhash.cross_duplicates)
         qids = _ids_at(ctx.engine, query, [q for q, _, _ in hits])
         rids = _ids_at(ctx.engine, reference, [r for _, r, _ in hits])
         removed = name if cfg.leakage == "remove" else None
