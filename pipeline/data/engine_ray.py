@@ -68,8 +68,8 @@ What still runs on the driver (the process that runs prepare), and what it holds
   exact group, kept row, the near labels), the verified pairs up to `ray.driver_edges` (16 B each),
   and the ids and texts of only the rows in a cluster (dicts); the plan of which row to keep and
   the report.
-Measured (bench_ray.py --before, bench/RESULTS.md): the Ray dedup's driver peak RSS grows 316 B per
-short document (was 755 B; ~30% of that corpus's rows are in a cluster; the local engine ~2.1 KiB).
+Measured (bench_ray.py --before, quiet machine, bench/RESULTS.md): the Ray dedup's driver peak RSS grows
+340 B per short document (was 744 B; ~30% of that corpus's rows are in a cluster; the local engine ~2.1 KiB).
 
 A task whose worker dies is rerun by Ray up to `ray.max_retries` times (a rerun map or save task
 writes its shard again from the start); past that the stage fails with `StageFailed` (one line)
