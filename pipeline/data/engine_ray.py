@@ -16,8 +16,8 @@ What moves and what stays (the engines differ in how they move data, never in wh
   and returns a 128-bit hash of each normalized text and its length; ids and texts are fetched by
   tasks for only the rows in an exact group or a near cluster (the rank's ties, the report), and
   rows of one hash group are compared by text, so the plan (dedup.plan_rows, as locally) is exact.
-- Dedup's near-duplicate search, as a map-reduce over Ray tasks (minhash.py does the arithmetic,
-  ray_tasks.py holds the task bodies and the chain's shapes):
+- Dedup's near-duplicate search, as a map-reduce over Ray tasks (ray_dedup.py chains them,
+  minhash.py does the arithmetic, ray_tasks.py holds the task bodies and the chain's shapes):
   1. per block of the exact groups' representatives: their texts read and normalized by the task,
      shingles and signatures (`minhash._sketch_chunk`), band keys (`minhash._band_keys`),
      hash-partitioned by band key (the shuffle's map side); the sketch stays in the object store;
@@ -79,7 +79,6 @@ and, since its folder is only renamed into place when complete, nothing of it is
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import re
 import shutil
@@ -91,10 +90,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from pipeline.config import RayConfig
-from pipeline.data import minhash
 from pipeline.data.engines import StageFailed
 from pipeline.data import ray_dedup, ray_io
-from pipeline.data import ray_tasks as tasks
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # what workers put on sys.path: this checkout's `pipeline`
 SCRATCH = ".ray-maps"  # inside a running stage's temporary folder: the shards its maps wrote
@@ -238,23 +235,27 @@ class RayEngine:
         """What `common.map_batches(ds, fn, added, ...)` returns, with `fn` run by Ray tasks that each read
         a block of `ds`'s rows from its files and write their mapped rows as one Arrow shard; the result
         is those shards, memory-mapped, in order (the driver holds none of the rows)."""
-        import datasets
-
         from pipeline.data.common import map_batches
 
         if not ds.num_rows:
             return map_batches(ds, fn, added, remove_columns=remove_columns)
+        return self._map_shards(ds, fn, added, remove_columns, batch_size, desc)[0]
+
+    def _map_shards(self, ds: Any, fn: Any, added: dict, remove_columns: Any, batch_size: int, desc: str,
+                    **filtered: Any) -> tuple[Any, list]:
+        """(the shards, memory-mapped, in order; each task's tally) of ray_io.map_shard over `ds`'s
+        blocks; `filtered`: map_filter's keep, drop, tally and combine."""
+        import datasets
+
         removed = list(remove_columns or [])
         features = datasets.Features({**{k: v for k, v in ds.features.items() if k not in removed}, **added})
-        bounds = np.linspace(0, ds.num_rows, self.blocks(ds.num_rows) + 1).astype(int).tolist()
-        folder = self._map_folder()
-        paths = [str(folder / f"shard-{k:05d}.arrow") for k in range(len(bounds) - 1)]
-        ray = _import_ray()
-        task = ray.remote(ray_io.map_shard).options(**self._options())
+        folder, bounds = self._map_folder(), self._block_bounds(ds.num_rows)
+        paths = [str(folder / f"shard-{k:05d}.arrow") for k in range(len(bounds))]
+        task = _import_ray().remote(ray_io.map_shard).options(**self._options())
         source = ray_io.pack(ds)  # file names, column operations and row indices, not the rows
-        self._get([task.remote(source, s, e, fn, removed, features, p, batch_size)
-                   for s, e, p in zip(bounds[:-1], bounds[1:], paths)], desc)
-        return datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths])
+        done = self._get([task.remote(source, s, e, fn, removed, features, p, batch_size, **filtered)
+                          for (s, e), p in zip(bounds, paths)], desc)
+        return datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths]), [t for _, t in done]
 
     def save(self, data: Any, folder: Path) -> None:
         """`data` (a Dataset or DatasetDict) written to `folder` as save_to_disk lays it out, each shard
@@ -312,133 +313,23 @@ class RayEngine:
         """What `LocalEngine.map_filter` returns, in one pass of Ray tasks: each maps a block of rows
         read from `ds`'s files, tallies the mapped batches, writes only the kept rows (less `drop`) as
         one Arrow shard and returns its tally; the driver holds none of the rows."""
-        import datasets
 
         from pipeline.data.common import LocalEngine
 
         if not ds.num_rows:
             return LocalEngine.map_filter(self, ds, fn, added, keep, drop=drop, tally=tally, combine=combine,
                                           remove_columns=remove_columns)
-        removed = list(remove_columns or [])
-        features = datasets.Features({**{k: v for k, v in ds.features.items() if k not in removed}, **added})
-        folder, bounds = self._map_folder(), self._block_bounds(ds.num_rows)
-        paths = [str(folder / f"shard-{k:05d}.arrow") for k in range(len(bounds))]
-        task = _import_ray().remote(ray_io.map_filter_shard).options(**self._options())
-        source = ray_io.pack(ds)
-        done = self._get([task.remote(source, s, e, fn, removed, features, p, batch_size, keep, list(drop), tally,
-                                      combine) for (s, e), p in zip(bounds, paths)], desc)
-        kept = datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths])
-        return kept, combine([partial for _, partial in done])
+        kept, tallies = self._map_shards(ds, fn, added, remove_columns, batch_size, desc, keep=keep, drop=list(drop),
+                                         tally=tally, combine=combine)
+        return kept, combine(tallies)
 
-    # ------------------------------------------------------------ dedup
-    def _verified_pairs(self, n: int, segments: Any, cfg: Any, threshold: float, normalized: bool, split_at: int = 0):
-        """Verified similar pairs among n texts through the shuffle (ray_tasks' docstring): (edge refs,
-        candidates, verified, block starts, sketch refs, bands, rows). segments(s, e): where the sketch
-        task of texts s:e reads them ((packed Dataset, rows) pairs: ray_dedup.py). split_at > 0: only
-        pairs i < split_at <= j (a join)."""
-        ray = _import_ray()
-        b, r = minhash.lsh_params(threshold, cfg.num_perm, cfg.bands, cfg.rows, cfg.verify)
-        nb = self.blocks(n)
-        parts = nb  # shuffle partitions
-        starts = np.linspace(0, n, nb + 1).astype(np.int64)
-        sketch = ray.remote(ray_dedup._sketch_rows).options(num_returns=1 + parts, **self._options())
-        mapped = [sketch.remote(segments(int(s), int(e)), normalized, int(s), cfg, b, r, parts)
-                  for s, e in zip(starts[:-1], starts[1:])]
-        sketches = [m[0] for m in mapped]
-        group = ray.remote(tasks._band_pairs).options(num_returns=parts, **self._options())
-        grouped = [_as_list(group.remote(n, parts, split_at, *[m[1 + p] for m in mapped])) for p in range(parts)]
-        plan = ray.remote(tasks._pairs_and_rows).options(num_returns=1 + nb, **self._options())
-        planned = [plan.remote(n, starts, *[g[q] for g in grouped]) for q in range(parts)]
-        subs = self._gather(sketches, starts, [p[1:] for p in planned])
-        verify = ray.remote(tasks._verify).options(num_returns=3, **self._options())
-        checked = [verify.remote(cfg, threshold, planned[q][0], *subs[q]) for q in range(parts)]
-        counts = np.array(self._get([c[2] for c in checked], "MinHash (signatures, LSH, verification)"))
-        candidates, verified, fetched = (int(x) for x in counts.sum(axis=0))
-        self._count_traffic(sketches, n * b * 24, fetched, parts)
-        return [c[:2] for c in checked], candidates, verified, starts, sketches, b, r
-
-    def _gather(self, sketches: list, starts: np.ndarray, wanted: list) -> list[list]:
-        """Per consumer c, the refs of the sub-sketches (one per block, in block order) of the rows
-        wanted[c][k] (global, ascending; arrays or refs) of each block k: made where the block lies."""
-        ray = _import_ray()
-        take = ray.remote(tasks._take_rows).options(num_returns=len(wanted), **self._options())
-        per_block = [_as_list(take.remote(sk, int(starts[k]), *[w[k] for w in wanted]))
-                     for k, sk in enumerate(sketches)]
-        return [[per_block[k][c] for k in range(len(sketches))] for c in range(len(wanted))]
-
-    def _count_traffic(self, sketches: list, band_key_bytes: int, fetched: int, parts: int) -> None:
-        """What the last shuffle moved between tasks, in bytes (bench_ray.py reports it): the band-key
-        triples (band, key, row: 24 B each), the sub-sketches the verification tasks received, and the
-        blocks' whole sketches (what `parts` verification tasks would receive if each took them all)."""
-        size = _import_ray().remote(tasks.sketch_bytes).options(**self._options())
-        whole = sum(self._get([size.remote(sk) for sk in sketches], "MinHash (sketch sizes)"))
-        self.traffic = {"band_key_bytes": band_key_bytes, "verify_sketch_bytes": fetched,
-                        "all_blocks_sketch_bytes": whole, "parts": parts}
-
-    def near_rows(self, packed: tuple, reps: np.ndarray, cfg: Any) -> tuple[np.ndarray, Any, dict]:
-        """dedup._near_clusters's three answers (labels, Jaccard of pairs, stats) for rows `reps` of the
-        packed Dataset, from tasks on Ray that read and normalize those rows' texts themselves."""
-        from pipeline.data.dedup import near_stats
-
-        checked, candidates, verified, starts, sketches, b, r = self._verified_pairs(
-            len(reps), lambda s, e: [(packed, reps[s:e])], cfg, cfg.threshold, True)
-        edge_refs = [c[0] for c in checked]
-        if verified <= self.cfg.driver_edges:
-            edges = np.concatenate(self._get(edge_refs, "dedup (collecting pairs)"))
-            labels = minhash.union_find(len(reps), edges.astype(np.int64).reshape(-1, 2))
-        else:
-            labels = self._components(len(reps), edge_refs)
-        stats = near_stats(candidates, verified, cfg, b, r, len(sketches))
-        return labels, functools.partial(self._jaccard, starts, sketches), stats
-
+    # ------------------------------------------------------------ dedup and the leakage check (ray_dedup.py)
     def cross_duplicates(self, reference: Any, query: Any, cfg: Any, threshold: float, find: Any = None) -> list:
-        """minhash.cross_duplicates's answer for the two datasets' texts (each query row's most similar
-        reference row at Jaccard >= threshold, ties to the smallest reference row): a band-key join of
-        the two sides, verified, the sketch tasks reading the texts themselves (`find`, the stage's
-        in-process search, is the local engine's)."""
-        if not reference.num_rows or not query.num_rows:
-            return []
-        nr = reference.num_rows
-        checked, *_ = self._verified_pairs(nr + query.num_rows, ray_dedup.joined(reference, query), cfg, threshold,
-                                           False, split_at=nr)
-        found = self._get([x for c in checked for x in c], "the leakage check")
-        pairs, sim = np.concatenate(found[0::2]).reshape(-1, 2), np.concatenate(found[1::2])
-        order = np.lexsort((pairs[:, 0], -sim, pairs[:, 1]))  # by query, highest Jaccard, smallest reference
-        pairs, sim = pairs[order], sim[order]
-        first = np.ones(len(pairs), dtype=bool)
-        first[1:] = pairs[1:, 1] != pairs[:-1, 1]
-        return [(q - nr, i, s) for (i, q), s in zip(pairs[first].tolist(), sim[first].tolist())]
+        """minhash.cross_duplicates's answer for the two datasets' texts, by a band-key join on Ray
+        (ray_dedup.cross_duplicates; `find`, the stage's in-process search, is the local engine's)."""
+        return ray_dedup.cross_duplicates(self, reference, query, cfg, threshold)
 
     def plan_dedup(self, ds: Any, cfg: Any, protected: Any, plan_lists: Any = None) -> tuple[Any, Any]:
         """dedup's plan of `ds` from tasks' fixed-width facts, and the ids and texts (of only the rows
         in a cluster) its report reads: ray_dedup.plan (`plan_lists`, the in-process plan, is the local engine's)."""
         return ray_dedup.plan(self, ds, cfg, protected)
-
-    def _components(self, n: int, edge_refs: list) -> np.ndarray:
-        """(n,) the smallest index of each node's component, the edges staying in their shards."""
-        ray = _import_ray()
-        lower = ray.remote(tasks._lower_labels).options(**self._options())
-        merge = ray.remote(tasks._merge_labels).options(num_returns=2, **self._options())
-        labels = ray.put(np.arange(n, dtype=np.int64))
-        while True:
-            proposals = [lower.remote(labels, e) for e in edge_refs]
-            labels, changed = merge.remote(labels, *proposals)
-            if not self._get(changed, "dedup (connected components)"):
-                return self._get(labels, "dedup (connected components)")
-
-    def _jaccard(self, starts: np.ndarray, sketches: list, pairs: np.ndarray) -> np.ndarray:
-        """(K,) exact Jaccard of pairs (K, 2) of texts, from the sketches of only their rows."""
-        ray = _import_ray()
-        if not len(pairs):
-            return np.zeros(0)
-        chunks = np.array_split(pairs, min(len(pairs), len(sketches)))
-        subs = self._gather(sketches, starts, [tasks.rows_by_block(c, starts) for c in chunks])
-        task = ray.remote(tasks._pair_jaccard).options(**self._options())
-        refs = [task.remote(c, *sub) for c, sub in zip(chunks, subs)]
-        return np.concatenate(self._get(refs, "dedup (report similarities)"))
-
-
-def _as_list(refs: Any) -> list:
-    return refs if isinstance(refs, list) else [refs]
-
-

@@ -52,21 +52,28 @@ def _unpack(packed: tuple[list[str], Any], out_path: str) -> Any:
 
 
 def map_shard(packed: tuple, start: int, end: int, fn: Any, removed: list, features: Any, path: str,
-              batch_size: int) -> int:
+              batch_size: int, keep: Any = None, drop: list = (), tally: Any = None,
+              combine: Any = None) -> tuple[int, Any]:
     """Rows start:end of the packed Dataset, read here from its files, mapped by `fn` batch by batch
-    as `datasets.map(batched=True)` maps them, written as one Arrow shard at `path`; its row count."""
+    as `datasets.map(batched=True)` maps them (`features`: the mapped rows'), written as one Arrow shard
+    at `path`: (its row count, combine of tally(table) over the mapped batches, or None). With `keep`
+    (map_filter): only the rows where keep(table) holds are written, less the columns `drop`."""
+    from datasets import Features
     from datasets.arrow_writer import ArrowWriter
 
     ds = _unpack(packed, path)
-    schema = features.arrow_schema
-    writer = ArrowWriter(features=features, path=path)
+    schema, partials = features.arrow_schema, []
+    writer = ArrowWriter(features=Features({k: v for k, v in features.items() if k not in drop}), path=path)
     try:
         for table in ds.select(range(start, end)).with_format("arrow").iter(batch_size):
-            writer.write_table(apply_batch(table, fn, removed, schema))
+            out = apply_batch(table, fn, removed, schema)
+            if tally is not None:
+                partials.append(tally(out))
+            writer.write_table(out.filter(keep(out)).drop_columns(list(drop)) if keep is not None else out)
         rows, _ = writer.finalize()
     finally:
         writer.close()
-    return rows
+    return rows, combine(partials) if combine is not None else None
 
 
 def save_shard(packed: tuple, num_shards: int, index: int, path: str, writer_batch_size: int) -> tuple[int, int]:
@@ -148,24 +155,3 @@ def reduce_shard(packed: tuple, start: int, end: int, fn: Any, combine: Any, col
     fixed-width values), not the rows."""
     rows = open_packed(packed).select(range(start, end)).select_columns(columns).with_format("arrow")
     return combine([fn(table) for table in rows.iter(batch_size)] or [fn(rows[:])])
-
-
-def map_filter_shard(packed: tuple, start: int, end: int, fn: Any, removed: list, features: Any, path: str,
-                     batch_size: int, keep: Any, drop: list, tally: Any, combine: Any) -> tuple[int, Any]:
-    """`map_shard` (`features`: the mapped rows'), writing only the rows where keep(table) holds, less
-    the columns `drop`; (rows written, combine of tally(table) over the mapped batches)."""
-    from datasets import Features
-    from datasets.arrow_writer import ArrowWriter
-
-    ds = _unpack(packed, path)
-    schema, partials = features.arrow_schema, []
-    writer = ArrowWriter(features=Features({k: v for k, v in features.items() if k not in drop}), path=path)
-    try:
-        for table in ds.select(range(start, end)).with_format("arrow").iter(batch_size):
-            out = apply_batch(table, fn, removed, schema)
-            partials.append(tally(out))
-            writer.write_table(out.filter(keep(out)).drop_columns(drop))
-        rows, _ = writer.finalize()
-    finally:
-        writer.close()
-    return rows, combine(partials)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.data import parts, sources
-from pipeline.data.ray_tasks import _partition_of
+from pipeline.data.ray_tasks import _partition_of, as_list
 
 ROW_BITS = 40  # a row's key carries (part << 40 | row): 2^40 rows per part, 2^23 parts
 
@@ -48,14 +48,14 @@ def load(engine: Any, path: Path, cfg: Any, where: str) -> tuple:
     n = len(pieces)
     by_id = bool(cfg.id_field) or cfg.format == "folder"
     finish = ray.remote(_finish_part).options(num_returns=1 + n, **engine._options())
-    finished = [_as_list(finish.remote(str(folder / f"raw-{k:05d}.arrow"), cfg, where, limits[k], k, n, by_id,
+    finished = [as_list(finish.remote(str(folder / f"raw-{k:05d}.arrow"), cfg, where, limits[k], k, n, by_id,
                                        str(folder / f"rows-{k:05d}.arrow"))) for k in range(n)]
     counts = engine._get([f[0] for f in finished], "load (the rows' rules)")
     _remove(folder, "raw")  # read by round 2: the disk holds each row at most twice from here on
     if blank := sum(c[2] for c in counts):
         raise sources.blank_ids_error(blank, cfg, where)
     copies = ray.remote(_copies).options(num_returns=1 + n, **engine._options())
-    grouped = [_as_list(copies.remote(n, by_id, *[f[1 + p] for f in finished])) for p in range(n)]
+    grouped = [as_list(copies.remote(n, by_id, *[f[1 + p] for f in finished])) for p in range(n)]
     if by_id:
         _check_repeats(engine, [g[0] for g in grouped], folder, cfg, where)
     write = ray.remote(_write_part).options(**engine._options())
@@ -205,7 +205,3 @@ def _read_arrow(path: str) -> Any:
     import pyarrow as pa
 
     return pa.ipc.open_file(pa.memory_map(path)).read_all()
-
-
-def _as_list(refs: Any) -> list:
-    return refs if isinstance(refs, list) else [refs]

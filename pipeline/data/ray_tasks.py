@@ -1,6 +1,6 @@
-"""The bodies of the Ray engine's tasks (engine_ray.py submits them; they run on Ray workers).
+"""The bodies of the Ray engine's tasks (engine_ray.py and ray_dedup.py submit them; they run on Ray workers).
 
-Dedup's shuffle, as engine_ray.RayEngine._verified_pairs chains them (N texts in `nb` blocks,
+Dedup's shuffle, as ray_dedup._verified_pairs chains them (N texts in `nb` blocks,
 `parts` shuffle partitions, global text indices, block k holding texts starts[k]:starts[k+1]):
   _sketch_block (per block)       -> its Sketch (stays where it was made) + (band, key, text) triples
                                      hash-partitioned by band key;
@@ -39,6 +39,11 @@ def _partition_of(keys: np.ndarray, parts: int) -> np.ndarray:
 def _one_or_list(out: list) -> Any:
     """A task with num_returns=1 returns its value itself, not a list of one."""
     return out if len(out) > 1 else out[0]
+
+
+def as_list(refs: Any) -> list:
+    """The driver's side of _one_or_list: a `.remote()` call's refs as a list, num_returns=1 or more."""
+    return refs if isinstance(refs, list) else [refs]
 
 
 def _sketch_block(texts: list[str], start: int, cfg: Any, bands: int, rows: int, parts: int, normalized: bool) -> list:
