@@ -189,11 +189,11 @@ class RayEngine:
         """How many Arrow blocks (and shuffle partitions) `rows` rows are cut into."""
         return max(1, min(rows, self.cfg.blocks or 4 * self.cpus))
 
-    def _options(self) -> dict:
+    def task_options(self) -> dict:
         opts = {"num_cpus": self.cfg.cpus_per_task, "max_retries": self.cfg.max_retries}
         return {**opts, "memory": self.cfg.memory_per_task_mb * 2**20} if self.cfg.memory_per_task_mb else opts
 
-    def _get(self, refs: Any, what: str) -> Any:
+    def get(self, refs: Any, what: str) -> Any:
         """ray.get, with a lost worker as one line and a stage's own error as itself."""
         ray = _import_ray()
         try:
@@ -223,7 +223,7 @@ class RayEngine:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
 
-    def _map_folder(self) -> Path:
+    def map_folder(self) -> Path:
         """A new folder for one map's shards: under the running stage's folder, else a temporary one."""
         self.scratch = self.scratch or Path(tempfile.mkdtemp(prefix="ray-map-"))  # a stage called outside the runner
         self._maps += 1
@@ -249,11 +249,11 @@ class RayEngine:
 
         removed = list(remove_columns or [])
         features = datasets.Features({**{k: v for k, v in ds.features.items() if k not in removed}, **added})
-        folder, bounds = self._map_folder(), self._block_bounds(ds.num_rows)
+        folder, bounds = self.map_folder(), self.block_bounds(ds.num_rows)
         paths = [str(folder / f"shard-{k:05d}.arrow") for k in range(len(bounds))]
-        task = _import_ray().remote(ray_io.map_shard).options(**self._options())
+        task = _import_ray().remote(ray_io.map_shard).options(**self.task_options())
         source = ray_io.pack(ds)  # file names, column operations and row indices, not the rows
-        done = self._get([task.remote(source, s, e, fn, removed, features, p, batch_size, **filtered)
+        done = self.get([task.remote(source, s, e, fn, removed, features, p, batch_size, **filtered)
                           for (s, e), p in zip(bounds, paths)], desc)
         return datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths]), [t for _, t in done]
 
@@ -266,7 +266,7 @@ class RayEngine:
         splits = [("", data)] if isinstance(data, datasets.Dataset) else list(data.items())
         if not isinstance(data, datasets.Dataset):
             ray_io.write_splits(folder, [name for name, _ in splits])
-        task = ray.remote(ray_io.save_shard).options(**self._options())
+        task = ray.remote(ray_io.save_shard).options(**self.task_options())
         jobs, written = [], []
         for name, ds in splits:
             where = folder / name if name else folder
@@ -275,7 +275,7 @@ class RayEngine:
             packed = ray_io.pack(ds)
             jobs += [task.remote(packed, n, k, str(p), size) for k, p in enumerate(ray_io.shard_paths(where, n))]
             written.append((ds, where, n))
-        self._get(jobs, "saving the stage")
+        self.get(jobs, "saving the stage")
         for ds, where, n in written:
             ray_io.write_metadata(ds, where, n)
 
@@ -289,7 +289,7 @@ class RayEngine:
         return ray_load.load(self, path, cfg, where)
 
     # ------------------------------------------------------------ reductions and filtered maps (issue 15)
-    def _block_bounds(self, rows: int) -> list[tuple[int, int]]:
+    def block_bounds(self, rows: int) -> list[tuple[int, int]]:
         """(start, end) of each block of contiguous rows, as map_batches cuts them."""
         bounds = np.linspace(0, rows, self.blocks(rows) + 1).astype(int).tolist()
         return list(zip(bounds[:-1], bounds[1:]))
@@ -303,10 +303,10 @@ class RayEngine:
 
         if not ds.num_rows:
             return LocalEngine.reduce(self, ds, fn, combine, columns)
-        task = _import_ray().remote(ray_io.reduce_shard).options(**self._options())
+        task = _import_ray().remote(ray_io.reduce_shard).options(**self.task_options())
         source = ray_io.pack(ds)
-        return combine(self._get([task.remote(source, s, e, fn, combine, columns, batch_size)
-                                  for s, e in self._block_bounds(ds.num_rows)], desc))
+        return combine(self.get([task.remote(source, s, e, fn, combine, columns, batch_size)
+                                  for s, e in self.block_bounds(ds.num_rows)], desc))
 
     def map_filter(self, ds: Any, fn: Any, added: dict, keep: Any, *, drop: list[str], tally: Any, combine: Any,
                    remove_columns: Any = None, batch_size: int = 1000, desc: str = "map", **_: Any) -> tuple[Any, Any]:

@@ -90,8 +90,8 @@ def plan(engine: Any, ds: Any, cfg: Any, protected: np.ndarray | None) -> tuple[
     """dedup.plan_rows of `ds` from the tasks' facts; the plan, and the strings its report reads."""
     import ray
 
-    packed, task = ray_io.pack(ds), ray.remote(_row_facts).options(**engine._options())
-    facts = engine._get([task.remote(packed, s, e) for s, e in engine._block_bounds(ds.num_rows)],
+    packed, task = ray_io.pack(ds), ray.remote(_row_facts).options(**engine.task_options())
+    facts = engine.get([task.remote(packed, s, e) for s, e in engine.block_bounds(ds.num_rows)],
                         "dedup (text hashes)")
     strings = RayStrings(engine, ds)
     first = verified_first(first_of_hashes(np.concatenate([h for h, _ in facts])), strings)
@@ -126,18 +126,18 @@ def _verified_pairs(engine: Any, n: int, segments: Any, cfg: Any, threshold: flo
     nb = engine.blocks(n)
     parts = nb  # shuffle partitions
     starts = np.linspace(0, n, nb + 1).astype(np.int64)
-    sketch = ray.remote(_sketch_rows).options(num_returns=1 + parts, **engine._options())
+    sketch = ray.remote(_sketch_rows).options(num_returns=1 + parts, **engine.task_options())
     mapped = [sketch.remote(segments(int(s), int(e)), normalized, int(s), cfg, b, r, parts)
               for s, e in zip(starts[:-1], starts[1:])]
     sketches = [m[0] for m in mapped]
-    group = ray.remote(tasks._band_pairs).options(num_returns=parts, **engine._options())
+    group = ray.remote(tasks._band_pairs).options(num_returns=parts, **engine.task_options())
     grouped = [tasks.as_list(group.remote(n, parts, split_at, *[m[1 + p] for m in mapped])) for p in range(parts)]
-    plan = ray.remote(tasks._pairs_and_rows).options(num_returns=1 + nb, **engine._options())
+    plan = ray.remote(tasks._pairs_and_rows).options(num_returns=1 + nb, **engine.task_options())
     planned = [plan.remote(n, starts, *[g[q] for g in grouped]) for q in range(parts)]
     subs = _gather(engine, sketches, starts, [p[1:] for p in planned])
-    verify = ray.remote(tasks._verify).options(num_returns=3, **engine._options())
+    verify = ray.remote(tasks._verify).options(num_returns=3, **engine.task_options())
     checked = [verify.remote(cfg, threshold, planned[q][0], *subs[q]) for q in range(parts)]
-    counts = np.array(engine._get([c[2] for c in checked], "MinHash (signatures, LSH, verification)"))
+    counts = np.array(engine.get([c[2] for c in checked], "MinHash (signatures, LSH, verification)"))
     candidates, verified, fetched = (int(x) for x in counts.sum(axis=0))
     _count_traffic(engine, sketches, n * b * 24, fetched, parts)
     return [c[:2] for c in checked], candidates, verified, starts, sketches, b, r
@@ -147,7 +147,7 @@ def _gather(engine: Any, sketches: list, starts: np.ndarray, wanted: list) -> li
     wanted[c][k] (global, ascending; arrays or refs) of each block k: made where the block lies."""
     import ray
 
-    take = ray.remote(tasks._take_rows).options(num_returns=len(wanted), **engine._options())
+    take = ray.remote(tasks._take_rows).options(num_returns=len(wanted), **engine.task_options())
     per_block = [tasks.as_list(take.remote(sk, int(starts[k]), *[w[k] for w in wanted]))
                  for k, sk in enumerate(sketches)]
     return [[per_block[k][c] for k in range(len(sketches))] for c in range(len(wanted))]
@@ -158,8 +158,8 @@ def _count_traffic(engine: Any, sketches: list, band_key_bytes: int, fetched: in
     blocks' whole sketches (what `parts` verification tasks would receive if each took them all)."""
     import ray
 
-    size = ray.remote(tasks.sketch_bytes).options(**engine._options())
-    whole = sum(engine._get([size.remote(sk) for sk in sketches], "MinHash (sketch sizes)"))
+    size = ray.remote(tasks.sketch_bytes).options(**engine.task_options())
+    whole = sum(engine.get([size.remote(sk) for sk in sketches], "MinHash (sketch sizes)"))
     engine.traffic = {"band_key_bytes": band_key_bytes, "verify_sketch_bytes": fetched,
                     "all_blocks_sketch_bytes": whole, "parts": parts}
 
@@ -172,7 +172,7 @@ def near_rows(engine: Any, packed: tuple, reps: np.ndarray, cfg: Any) -> tuple[n
         len(reps), lambda s, e: [(packed, reps[s:e])], cfg, cfg.threshold, True)
     edge_refs = [c[0] for c in checked]
     if verified <= engine.cfg.driver_edges:
-        edges = np.concatenate(engine._get(edge_refs, "dedup (collecting pairs)"))
+        edges = np.concatenate(engine.get(edge_refs, "dedup (collecting pairs)"))
         labels = minhash.union_find(len(reps), edges.astype(np.int64).reshape(-1, 2))
     else:
         labels = _components(engine, len(reps), edge_refs)
@@ -188,7 +188,7 @@ def cross_duplicates(engine: Any, reference: Any, query: Any, cfg: Any, threshol
     nr = reference.num_rows
     checked, *_ = _verified_pairs(engine, nr + query.num_rows, joined(reference, query), cfg, threshold,
                                        False, split_at=nr)
-    found = engine._get([x for c in checked for x in c], "the leakage check")
+    found = engine.get([x for c in checked for x in c], "the leakage check")
     pairs, sim = np.concatenate(found[0::2]).reshape(-1, 2), np.concatenate(found[1::2])
     order = np.lexsort((pairs[:, 0], -sim, pairs[:, 1]))  # by query, highest Jaccard, smallest reference
     pairs, sim = pairs[order], sim[order]
@@ -200,14 +200,14 @@ def _components(engine: Any, n: int, edge_refs: list) -> np.ndarray:
     """(n,) the smallest index of each node's component, the edges staying in their shards."""
     import ray
 
-    lower = ray.remote(tasks._lower_labels).options(**engine._options())
-    merge = ray.remote(tasks._merge_labels).options(num_returns=2, **engine._options())
+    lower = ray.remote(tasks._lower_labels).options(**engine.task_options())
+    merge = ray.remote(tasks._merge_labels).options(num_returns=2, **engine.task_options())
     labels = ray.put(np.arange(n, dtype=np.int64))
     while True:
         proposals = [lower.remote(labels, e) for e in edge_refs]
         labels, changed = merge.remote(labels, *proposals)
-        if not engine._get(changed, "dedup (connected components)"):
-            return engine._get(labels, "dedup (connected components)")
+        if not engine.get(changed, "dedup (connected components)"):
+            return engine.get(labels, "dedup (connected components)")
 
 def _jaccard(engine: Any, starts: np.ndarray, sketches: list, pairs: np.ndarray) -> np.ndarray:
     """(K,) exact Jaccard of pairs (K, 2) of texts, from the sketches of only their rows."""
@@ -217,6 +217,6 @@ def _jaccard(engine: Any, starts: np.ndarray, sketches: list, pairs: np.ndarray)
         return np.zeros(0)
     chunks = np.array_split(pairs, min(len(pairs), len(sketches)))
     subs = _gather(engine, sketches, starts, [tasks.rows_by_block(c, starts) for c in chunks])
-    task = ray.remote(tasks._pair_jaccard).options(**engine._options())
+    task = ray.remote(tasks._pair_jaccard).options(**engine.task_options())
     refs = [task.remote(c, *sub) for c, sub in zip(chunks, subs)]
-    return np.concatenate(engine._get(refs, "dedup (report similarities)"))
+    return np.concatenate(engine.get(refs, "dedup (report similarities)"))

@@ -41,26 +41,26 @@ def load(engine: Any, path: Path, cfg: Any, where: str) -> tuple:
     import datasets
     import ray
 
-    folder = engine._map_folder()
+    folder = engine.map_folder()
     pieces = parts.plan_parts(path, cfg, part_count(engine))
     pieces, facts = _read(engine, ray, path, cfg, pieces, folder)
     limits, bad, rows_read = sources.settle(facts, cfg, where)
     n = len(pieces)
     by_id = bool(cfg.id_field) or cfg.format == "folder"
-    finish = ray.remote(_finish_part).options(num_returns=1 + n, **engine._options())
+    finish = ray.remote(_finish_part).options(num_returns=1 + n, **engine.task_options())
     finished = [as_list(finish.remote(str(folder / f"raw-{k:05d}.arrow"), cfg, where, limits[k], k, n, by_id,
                                        str(folder / f"rows-{k:05d}.arrow"))) for k in range(n)]
-    counts = engine._get([f[0] for f in finished], "load (the rows' rules)")
+    counts = engine.get([f[0] for f in finished], "load (the rows' rules)")
     _remove(folder, "raw")  # read by round 2: the disk holds each row at most twice from here on
     if blank := sum(c[2] for c in counts):
         raise sources.blank_ids_error(blank, cfg, where)
-    copies = ray.remote(_copies).options(num_returns=1 + n, **engine._options())
+    copies = ray.remote(_copies).options(num_returns=1 + n, **engine.task_options())
     grouped = [as_list(copies.remote(n, by_id, *[f[1 + p] for f in finished])) for p in range(n)]
     if by_id:
         _check_repeats(engine, [g[0] for g in grouped], folder, cfg, where)
-    write = ray.remote(_write_part).options(**engine._options())
+    write = ray.remote(_write_part).options(**engine.task_options())
     paths = [str(folder / f"part-{k:05d}.arrow") for k in range(n)]
-    written = engine._get([write.remote(str(folder / f"rows-{k:05d}.arrow"), cfg, paths[k],
+    written = engine.get([write.remote(str(folder / f"rows-{k:05d}.arrow"), cfg, paths[k],
                                         *[g[1 + k] for g in grouped]) for k in range(n)], "load (writing the rows)")
     _remove(folder, "rows")
     data = datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths])
@@ -75,12 +75,12 @@ def part_count(engine: Any) -> int:
 
 def _read(engine: Any, ray: Any, path: Path, cfg: Any, pieces: list, folder: Path) -> tuple[list, list]:
     """Round 1 (the module docstring): every part read, read again where one read of the file would differ."""
-    read = ray.remote(_read_part).options(**engine._options())
+    read = ray.remote(_read_part).options(**engine.task_options())
 
     def run(todo: dict) -> dict:
         refs = {k: read.remote(path, cfg, pieces[k], lines, str(folder / f"raw-{k:05d}.arrow"))
                 for k, lines in todo.items()}
-        return dict(zip(refs, engine._get(list(refs.values()), "load (reading the source)")))
+        return dict(zip(refs, engine.get(list(refs.values()), "load (reading the source)")))
 
     facts = run({k: False for k in range(len(pieces))})
     if any(f.quoted for f in facts.values()):  # a CSV whose quotes may hold line breaks: one part
@@ -177,7 +177,7 @@ def _write_part(rows_file: str, cfg: Any, out: str, *copies: np.ndarray) -> int:
 
 def _check_repeats(engine: Any, summaries: list, folder: Path, cfg: Any, where: str) -> None:
     """The local engine's one line for repeated ids, from the partitions' counts and first five."""
-    found = engine._get(summaries, "load (checking ids)")
+    found = engine.get(summaries, "load (checking ids)")
     repeats = sum(s[0] for s in found)
     if not repeats:
         return
