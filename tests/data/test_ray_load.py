@@ -236,3 +236,15 @@ def test_quote_parity_applies_to_the_csv_dialect_and_ascii_compatible_encodings(
     assert not parts.parity_applies(SourceConfig(format="csv", encoding="utf-16"))
     monkeypatch.setattr(readers, "csv_dialect", lambda cfg: {"newlines_in_values": True, "escape_char": "\\"})
     assert not parts.parity_applies(SourceConfig(format="csv"))  # an escaped quote is not counted: one part
+
+
+def test_a_quoted_value_longer_than_a_part_joins_the_parts_it_spans(tmp_path, ray_cluster):
+    from pipeline.data import ray_load
+
+    long_value = "".join(f"line {k}, of a long value\n" for k in range(400))
+    path = _quoted_csv(tmp_path, extra={100: f'"{long_value}",neg,train'})
+    cfg, engine = SourceConfig(format="csv", path=str(path), split_field="split"), _engine(7)
+    _, rows, *_ = _same(cfg, 7, tmp_path)
+    assert len(rows) == 200 and rows[100]["text"] == long_value
+    pieces, facts = ray_load._read(engine, ray_cluster, path, cfg, parts.plan_parts(path, cfg, 7), engine.map_folder())
+    assert 1 < len(pieces) < 7 and not any(f.quoted for f in facts)  # the cuts inside the value went to its end
