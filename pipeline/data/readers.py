@@ -21,8 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from pipeline.config import SourceConfig
-from pipeline.data import folders
-from pipeline.data import parts
+from pipeline.data import folders, parts
 from pipeline.data.parts import WHOLE, Facts, Part
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
