@@ -40,16 +40,20 @@ What moves and what stays (the engines differ in how they move data, never in wh
   a small partial: a Counter, a set, per-row fixed-width values; the driver combines them in row
   order), and clean's map, counts and filter are one pass of `map_filter` tasks that write only the
   kept rows (ray_io.py).
-- Load (ray_load.py): the source read in parts (parts.py: byte ranges at line starts, row groups, a
-  label folder's files) by tasks that run the local engine's reader and write the rows as Arrow
+- Load (ray_load.py): the source read in parts (parts.py: byte ranges at line starts, a quoted CSV's
+  at record starts found by quote parity, row groups, a label folder's files, a hub split's row
+  ranges) by tasks that run the local engine's reader and write the rows as Arrow
   files; ids numbered and checked across parts by a shuffle of fixed-width keys; the driver adds up
   the parts' counts and facts by the rules of one whole read (sources.settle). The stage's rows are
   the tasks' shards, memory-mapped, as a map's are.
 
 What still runs on the driver (the process that runs prepare), and what it holds:
-- load: the parts' plan (cut points, row group numbers, a label folder's file list), their counts and
-  first errors, the five ids a repeated-id error names; a `hub` dataset is read here whole
-  (sources._read_hub), and a CSV holding a quote character is read by one task;
+- load: the parts' plan (cut points, a CSV's quote count and first line starts per range, row group
+  numbers, a label folder's file list), their counts and first errors, the five ids a repeated-id
+  error names; a `hub` dataset's download (datasets.load_dataset writes its Arrow files into the HF
+  cache; the driver keeps them memory-mapped and hands tasks row ranges of them; a split that is not
+  memory-mapped is read here whole, as locally); a CSV whose quotes quote parity cannot model (a
+  quote inside an unquoted value, say) is read by one task;
 - clean, label, tokenize: none of their rows or columns. The driver receives per block the drop
   counts (clean), the class names found with their counts and first 3 ids each (label), a
   histogram of token lengths (tokenize); it keeps memory-mapped views of the shards the tasks wrote

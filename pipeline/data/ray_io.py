@@ -33,6 +33,16 @@ def check_visible(path: str | os.PathLike) -> None:
                          f"that runs prepare) must be on storage every node sees (a shared filesystem)")
 
 
+def check_cache_visible(path: str | os.PathLike) -> None:
+    """One line when a hub dataset's cache file (load_dataset wrote it on the driver's node) is missing
+    on the node this task runs on."""
+    if not os.path.exists(path):
+        raise ValueError(f"{path}: not found on Ray node {socket.gethostname()}: with prepare.engine=ray the "
+                         f"tasks read a hub dataset's rows from the Arrow files load_dataset wrote on the "
+                         f"driver's node, so the Hugging Face datasets cache (HF_DATASETS_CACHE) must be on "
+                         f"storage every node sees (a shared filesystem)")
+
+
 def pack(ds: Any) -> tuple[list[str], Any]:
     """`ds` as a task receives it: the files it reads (checked on the node before anything opens
     them) and a reference to it in the object store (file names, column operations, row indices;

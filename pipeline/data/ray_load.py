@@ -5,10 +5,13 @@ The parts are parts.plan_parts's (byte ranges at line starts, row groups, label 
 Four rounds of tasks; the driver receives counts and the few facts that make the parts add up:
   1. read, per part: parts.read_part (the format's reader, the same as the local engine's) writes the
      part's rows to an Arrow file and returns its Facts (rows, bad lines, first error, columns seen).
+     A CSV's ranges are first moved to record starts (round 1a: per range, its quote bytes counted;
+     parts.record_parts); a hub dataset's parts are row ranges of its splits' cache files (load_dataset
+     ran on the driver; a split that is not memory-mapped is read on the driver, as locally).
      JSONL parts that did not all take pyarrow's path with the same inferred kinds are read again
-     with the line reader (as one read of the whole file would have been); a CSV part that holds a
-     quote character sends the file back to be read as one part. sources.settle then raises the
-     error one read would raise first and says how many rows of each part max_rows keeps.
+     with the line reader (as one read of the whole file would have been); a CSV part whose quotes
+     the parity rule does not model sends the file back to be read as one part. sources.settle then
+     raises the error one read would raise first and says how many rows of each part max_rows keeps.
   2. finish, per part: sources.finish_rows (the first rows max_rows keeps, strings, empty texts,
      split names), then a fixed-width key per row: the content hash (the content id's 16 hex digits,
      as 8 bytes) or a 128-bit BLAKE2b of the id column's value, with the row's (part, row), hash-
@@ -30,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data import parts, sources
+from pipeline.data import parts, ray_io, sources
 from pipeline.data.ray_tasks import _partition_of, as_list
 
 ROW_BITS = 40  # a row's key carries (part << 40 | row): 2^40 rows per part, 2^23 parts
@@ -82,8 +85,14 @@ def _read(engine: Any, ray: Any, path: Path, cfg: Any, pieces: list, folder: Pat
                 for k, lines in todo.items()}
         return dict(zip(refs, engine.get(list(refs.values()), "load (reading the source)")))
 
+    if cfg.format == "hub" and pieces == [parts.WHOLE]:  # a split not memory-mapped: read here, as locally
+        table, facts = parts.read_part(path, cfg, parts.WHOLE)
+        if table is not None:
+            _write_arrow(table, str(folder / "raw-00000.arrow"))
+        return pieces, [facts]
+    pieces = _record_parts(engine, ray, path, cfg, pieces)
     facts = run({k: False for k in range(len(pieces))})
-    if any(f.quoted for f in facts.values()):  # a CSV whose quotes may hold line breaks: one part
+    if any(f.quoted for f in facts.values()):  # a CSV quote the parity rule does not model: one part
         pieces = [parts.WHOLE]
         facts = run({0: False})
     found = [facts[k] for k in range(len(pieces))]
@@ -95,10 +104,21 @@ def _read(engine: Any, ray: Any, path: Path, cfg: Any, pieces: list, folder: Pat
     return pieces, found
 
 
+def _record_parts(engine: Any, ray: Any, path: Path, cfg: Any, pieces: list) -> list:
+    """Round 1a, a CSV's line-start ranges moved to record starts by their quote counts (parts.py)."""
+    if cfg.format != "csv" or len(pieces) < 2 or not parts.parity_applies(cfg):
+        return pieces
+    count = ray.remote(parts.quote_facts).options(**engine.task_options())
+    counted = engine.get([count.remote(path, p.span) for p in pieces], "load (finding the CSV's record starts)")
+    return parts.record_parts(pieces, counted, path.stat().st_size)
+
+
 # ---------------------------------------------------------------- the task bodies (run on Ray workers)
 
 
 def _read_part(path: Path, cfg: Any, part: parts.Part, lines: bool, out: str) -> parts.Facts:
+    for file in part.rows[1] if part.rows else ():  # a hub split's cache files, written on the driver's node
+        ray_io.check_cache_visible(file)
     table, facts = parts.read_part(path, cfg, part, lines)
     if table is not None:
         _write_arrow(table, out)

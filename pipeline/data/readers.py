@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from pipeline.config import SourceConfig
-from pipeline.data import folders
+from pipeline.data import folders, parts
 from pipeline.data.parts import WHOLE, Facts, Part
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -146,17 +146,29 @@ def read_csv(path: Path, cfg: SourceConfig, part: Part = WHOLE) -> tuple[pa.Tabl
     data = None
     if part.span is not None:
         data = _span_bytes(path, part.span)
-        if part.span[0] > 0:
-            with open(path, "rb") as f:
-                data = f.readline() + data
-        if cfg.format == "csv" and b'"' in data:  # a quoted value may hold a line break: not cut here
-            return None, Facts(quoted=True)
+        if part.span[0] > 0:  # the header record before the part's records
+            header = _span_bytes(path, part.header) if part.header else _first_line(path)
+            data = header + data
+        if cfg.format == "csv" and b'"' in data and not parts.whole_records(data, cfg, part):
+            return None, Facts(quoted=True)  # a quoted value may hold a line break: read as one part
     try:
         table, bad = _read_csv(path, cfg, encoding, None, data)
     except _RowLongerThanBlock:  # pyarrow parses 1 MB blocks in parallel; a longer row needs bigger ones
         size = len(data) if data is not None else path.stat().st_size
         table, bad = _read_csv(path, cfg, encoding, min(size + 1, 2**31 - 1), data)
     return table, Facts(rows=table.num_rows, bad=bad)
+
+
+def _first_line(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.readline()
+
+
+def csv_dialect(cfg: SourceConfig) -> dict:
+    """pyarrow's ParseOptions of CSV and TSV (parts.parity_applies reads them to know whether quote
+    parity finds the records). TSV has no quoting (IANA text/tab-separated-values): a lone '"' in a
+    tweet must not swallow lines."""
+    return {"delimiter": "\t", "quote_char": False} if cfg.format == "tsv" else {"newlines_in_values": True}
 
 
 class _RowLongerThanBlock(Exception):
@@ -176,8 +188,7 @@ def _read_csv(path: Path, cfg: SourceConfig, encoding: str, block_size: int | No
         bad.append(row.text)
         return "skip" if cfg.bad_lines == "skip" else "error"
 
-    # TSV has no quoting (IANA text/tab-separated-values): a lone '"' in a tweet must not swallow lines
-    dialect = {"delimiter": "\t", "quote_char": False} if cfg.format == "tsv" else {"newlines_in_values": True}
+    dialect = csv_dialect(cfg)
     parse = csv.ParseOptions(**dialect, invalid_row_handler=on_bad_row)
     try:
         peek = csv.ParseOptions(**dialect, invalid_row_handler=lambda _: "skip")

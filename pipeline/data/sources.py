@@ -85,25 +85,18 @@ def fingerprint(cfg: SourceConfig) -> str:
 def load(_: None, cfg: SourceConfig, ctx: StageContext) -> StageResult:
     """Read the source into the id/text/label/source_split contract; drops counted by reason. The
     first stage has no input (None): the shape every stage has is (input, its config section, context).
-    Files are read by the engine (`read_source` here, or in parts by Ray tasks); the Hub here."""
-    import datasets
-
+    Files and the Hub's rows are read by the engine (`read_source` here, or in parts by Ray tasks)."""
     if not cfg.text_field and cfg.format != "folder":
         raise ValueError("source.text_field is empty: name the column that holds the text")
-    if cfg.format == "hub":
-        table, where = _read_hub(cfg), f"hub dataset '{cfg.path}'"
-        rows_read = table.num_rows
-        if not rows_read:
-            raise ValueError(f"{where}: no rows to read (the input holds no records)")
-        table, empty, unsampled = _finish(table, cfg, where, cfg.max_rows or None)
-        data, dropped = datasets.Dataset(table), {"empty": empty, "not_sampled": unsampled}
+    if cfg.format == "hub":  # read_hub: load_dataset here, its rows read as a part (or, on Ray, in parts)
+        path, where = Path(cfg.path), f"hub dataset '{cfg.path}'"
     else:
         path = resolve_path(cfg)
         if path.is_dir() and cfg.format in ("jsonl", "csv", "tsv"):
             raise ValueError(f"source.path: {path} is a folder; source.format={cfg.format} reads one file "
                              f"(source.format=folder reads <label>/*.txt folders)")
         where = str(path)
-        data, dropped, rows_read = ctx.engine.load_source(path, cfg, where, read_source)
+    data, dropped, rows_read = ctx.engine.load_source(path, cfg, where, read_source)
     stats = {"format": cfg.format, "source": where, "rows_read": rows_read}
     return StageResult(data, {k: v for k, v in dropped.items() if v}, stats)
 
@@ -280,7 +273,22 @@ def reachable(url: str, timeout: float = HUB_CHECK_TIMEOUT_S) -> bool:
     return bool(ok)
 
 
-def _read_hub(cfg: SourceConfig) -> pa.Table:
+def read_hub(cfg: SourceConfig, part: parts.Part = parts.WHOLE) -> tuple[pa.Table, parts.Facts]:
+    """The reader of format hub (parts.read_part): every split, loaded here, or the rows of one
+    split's range, from its cache files (a Ray task's part: parts._hub_parts), as strings."""
+    import pickle
+
+    if part.rows is None:
+        table = pa.concat_tables([_hub_table(ds, split, cfg) for split, ds in load_hub(cfg).items()])
+    else:
+        split, _, blob, start, end = part.rows
+        table = _hub_table(pickle.loads(blob), split, cfg, start, end)  # memory-maps the split's files
+    return table, parts.Facts(rows=table.num_rows)
+
+
+def load_hub(cfg: SourceConfig) -> dict:
+    """split -> Dataset: datasets.load_dataset, which downloads and prepares the splits' Arrow files in
+    the HF datasets cache (HF_DATASETS_CACHE) and memory-maps them."""
     import datasets
     import huggingface_hub.constants as hf
 
@@ -297,17 +305,17 @@ def _read_hub(cfg: SourceConfig) -> pa.Table:
         mode = " with HF_HUB_OFFLINE=1 (is it in the local cache?)" if hub_offline() else ""
         raise ValueError(f"hub dataset '{cfg.path}' (config '{cfg.hub_config}', splits {splits or 'all'}) "
                          f"could not be loaded{mode}: {type(e).__name__}: {e}") from None
-    named = dict(zip(splits, loaded)) if splits else dict(loaded)
-    return pa.concat_tables([_hub_table(ds, split, cfg) for split, ds in named.items()])
+    return dict(zip(splits, loaded)) if splits else dict(loaded)
 
 
-def _hub_table(ds, split: str, cfg: SourceConfig) -> pa.Table:
-    """One split as strings; a ClassLabel column becomes its class names (-1, unlabelled, becomes "")."""
+def _hub_table(ds, split: str, cfg: SourceConfig, start: int = 0, end: int | None = None) -> pa.Table:
+    """Rows start:end of one split as strings; a ClassLabel column becomes its class names (-1,
+    unlabelled, becomes "")."""
     import datasets
 
     where = f"hub dataset '{cfg.path}' split '{split}'"
     needed = readers.check_columns(ds.column_names, cfg, where)
-    table = readers.select(ds.with_format("arrow")[:], needed)
+    table = readers.select(ds.with_format("arrow")[start:end], needed)
     feature = ds.features.get(cfg.label_field)
     if cfg.label_field and isinstance(feature, datasets.ClassLabel):
         codes = table.column("label")

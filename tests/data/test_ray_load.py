@@ -5,6 +5,7 @@ driver never reads the source's rows."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -160,3 +161,90 @@ def test_the_driver_never_reads_the_sources_rows(tmp_path, ray_cluster, monkeypa
     assert _load(SourceConfig(**fields), _engine(3), tmp_path) == expected
     with pytest.raises(AssertionError, match="the driver read"):
         _load(SourceConfig(**fields), LocalEngine(), tmp_path)
+
+
+# ---------------------------------------------------------------- a quoted CSV read in parts (quote parity)
+
+
+def _quoted_csv(tmp_path: Path, newline: str = "\n", rows: int = 200, extra: dict | None = None) -> Path:
+    """A CSV whose values hold quoted line breaks (many lines long, so that cuts at line starts fall
+    inside them), doubled quotes, commas, empty quoted values; `extra`: row -> raw line put instead."""
+    kinds = ['plain {k}', 'two{nl}lines {k}', 'say "hi" {k}', '" {k}', 'a, b{nl}{nl}c {k}', '"{nl}"{nl} {k}',
+             'x{nl}y{nl}z{nl}w {k}']
+    lines = ["text,label,split"]
+    for k in range(rows):
+        value = kinds[k % len(kinds)].format(k=k, nl=newline).replace('"', '""')
+        lines.append((extra or {}).get(k, f'"{value}",{["neg", "pos"][k % 2]},{SPLITS[k % 5].strip() or "train"}'))
+    (path := tmp_path / "quoted.csv").write_bytes((newline.join(lines) + newline).encode())
+    return path
+
+
+@pytest.mark.parametrize("blocks", [1, 2, 7])
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_a_quoted_csv_read_in_parts_equals_the_local_read(tmp_path, ray_cluster, blocks, newline):
+    path = _quoted_csv(tmp_path, newline)
+    cfg = SourceConfig(format="csv", path=str(path), split_field="split")
+    _, rows, _, dropped, stats = _same(cfg, blocks, tmp_path)
+    assert len(rows) == 200 and stats["rows_read"] == 200 and not dropped
+    assert rows[1]["text"] == f"two{newline}lines 1" and rows[2]["text"] == 'say "hi" 2'
+    assert rows[5]["text"] == f'"{newline}"{newline} 5'
+    capped = _same(dataclasses.replace(cfg, max_rows=123), blocks, tmp_path)
+    assert [r["text"] for r in capped[1]] == [r["text"] for r in rows[:123]]
+
+
+def test_a_quoted_csv_is_really_read_in_parts_cut_at_record_starts(tmp_path, ray_cluster):
+    from pipeline.data import ray_load
+
+    path = _quoted_csv(tmp_path)
+    cfg, engine = SourceConfig(format="csv", path=str(path), split_field="split"), _engine(7)
+    lines = parts.plan_parts(path, cfg, 7)
+    pieces, facts = ray_load._read(engine, ray_cluster, path, cfg, lines, engine.map_folder())
+    assert len(pieces) == 7 and not any(f.quoted for f in facts) and sum(f.rows for f in facts) == 200
+    moved = [(a.span[0], b.span[0]) for a, b in zip(lines, pieces) if a.span[0] != b.span[0]]
+    assert moved and all(b > a for a, b in moved)  # cuts that fell inside a quoted value went to its record's end
+    data = path.read_bytes()
+    assert all(data[p.span[0] - 1: p.span[0]] == b"\n" for p in pieces[1:])
+
+
+@pytest.mark.parametrize("blocks", [2, 7])
+def test_a_bad_record_late_in_a_quoted_csv_names_its_physical_line(tmp_path, ray_cluster, blocks):
+    path = _quoted_csv(tmp_path, extra={180: '"late,\nbad",neg,train,one too many'})
+    line = path.read_bytes().split(b"\n").index(b'"late,') + 1
+    cfg = SourceConfig(format="csv", path=str(path), split_field="split")
+    assert _same(cfg, blocks, tmp_path) == ("error", f"{path}:{line}: Expected 3 columns, got 4; fix the row or "
+                                                     f"set source.bad_lines=skip")
+    skipped = _same(dataclasses.replace(cfg, bad_lines="skip"), blocks, tmp_path)
+    assert skipped[3] == {"bad_line": 1} and len(skipped[1]) == 199
+
+
+def test_a_quote_the_parity_rule_does_not_model_reads_the_csv_as_one_part(tmp_path, ray_cluster):
+    """`x"y` unquoted: pyarrow keeps the quote as a character, the count would take it as opening a
+    quoted value: the parts find it (parts.parity_holds) and the file is read as one part."""
+    from pipeline.data import ray_load
+
+    path = _quoted_csv(tmp_path, extra={150: 'x"y,neg,train'})
+    cfg, engine = SourceConfig(format="csv", path=str(path), split_field="split"), _engine(7)
+    _, rows, *_ = _same(cfg, 7, tmp_path)
+    assert len(rows) == 200 and rows[150]["text"] == 'x"y'
+    pieces, _ = ray_load._read(engine, ray_cluster, path, cfg, parts.plan_parts(path, cfg, 7), engine.map_folder())
+    assert pieces == [parts.WHOLE]
+
+
+def test_quote_parity_applies_to_the_csv_dialect_and_ascii_compatible_encodings(monkeypatch):
+    assert parts.parity_applies(SourceConfig(format="csv", encoding="latin-1"))
+    assert not parts.parity_applies(SourceConfig(format="tsv"))  # no quoting: cut at line starts already
+    assert not parts.parity_applies(SourceConfig(format="csv", encoding="utf-16"))
+    monkeypatch.setattr(readers, "csv_dialect", lambda cfg: {"newlines_in_values": True, "escape_char": "\\"})
+    assert not parts.parity_applies(SourceConfig(format="csv"))  # an escaped quote is not counted: one part
+
+
+def test_a_quoted_value_longer_than_a_part_joins_the_parts_it_spans(tmp_path, ray_cluster):
+    from pipeline.data import ray_load
+
+    long_value = "".join(f"line {k}, of a long value\n" for k in range(400))
+    path = _quoted_csv(tmp_path, extra={100: f'"{long_value}",neg,train'})
+    cfg, engine = SourceConfig(format="csv", path=str(path), split_field="split"), _engine(7)
+    _, rows, *_ = _same(cfg, 7, tmp_path)
+    assert len(rows) == 200 and rows[100]["text"] == long_value
+    pieces, facts = ray_load._read(engine, ray_cluster, path, cfg, parts.plan_parts(path, cfg, 7), engine.map_folder())
+    assert 1 < len(pieces) < 7 and not any(f.quoted for f in facts)  # the cuts inside the value went to its end
