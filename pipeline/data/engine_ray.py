@@ -333,3 +333,18 @@ class RayEngine:
         """dedup's plan of `ds` from tasks' fixed-width facts, and the ids and texts (of only the rows
         in a cluster) its report reads: ray_dedup.plan (`plan_lists`, the in-process plan, is the local engine's)."""
         return ray_dedup.plan(self, ds, cfg, protected)
+
+    # ------------------------------------------------------------ split's rows, routed by tasks (ray_split.py)
+    def split_rows(self, ds: Any, cfg: Any, split_local: Any = None) -> tuple[dict, bool]:
+        """split.split_rows's answer (each split's rows, whether the source's split was kept), from one pass
+        of tasks that compute each row's split and write each split's rows as its shard; stratified, the
+        per-class cuts found first by a distributed selection (`split_local`, the local way, is unused)."""
+        from pipeline.data import ray_split
+
+        return ray_split.split_rows(self, ds, cfg)
+
+    def drop_rows(self, ds: Any, rows: list[int]) -> Any:
+        """`ds` without `rows` (ascending), written by tasks that copy the other rows (no indices here)."""
+        from pipeline.data import ray_split
+
+        return ray_split.drop_rows(self, ds, rows)
