@@ -160,14 +160,31 @@ def _received(engine, monkeypatch) -> list:
 
 @pytest.mark.parametrize("stratify", [False, True])
 def test_the_split_driver_receives_no_bytes_per_row(tmp_path, ray_cluster, monkeypatch, stratify):
-    engine, sent = _engine(blocks=3), {}
+    engine, sent, selects = _engine(blocks=3), {}, []
     for n in (2000, 8000):
         ds = _corpus(tmp_path, {"a": n // 2, "b": n // 4, "c": n // 4}, name=f"docs-{n}")
         with monkeypatch.context() as m, engine.stage(tmp_path / f"stage-{n}"):
             got = _received(engine, m)
             parts = split.split(ds, SplitConfig(leakage="off", stratify=stratify),
                                 StageContext(out_dir=tmp_path, engine=engine, progress=False)).data
-        assert not [g for g in got if isinstance(g, tuple)], "the driver selected rows"
-        sent[n] = sum(got)
+        sent[n], selects = sum(g for g in got if isinstance(g, int)), selects + [g for g in got if isinstance(g, tuple)]
         assert sum(parts[s].num_rows for s in SPLITS) == n
     assert sent[8000] - sent[2000] < 0.05 * 6000, sent  # the split codes alone were 1 B per row
+    assert not selects, "the driver selected rows"
+
+
+def test_the_leakage_removal_and_label_drop_keep_no_row_indices_on_the_driver(tmp_path, ray_cluster, monkeypatch):
+    """The driver selects only the rows with a leak (their ids, for leakage.jsonl) and filters nothing."""
+    import datasets
+
+    engine, filtered, ds = _engine(blocks=3), [], _leaky(tmp_path)
+    through = datasets.Dataset.filter
+    monkeypatch.setattr(datasets.Dataset, "filter", lambda *a, **k: filtered.append(1) or through(*a, **k))
+    with monkeypatch.context() as m, engine.stage(tmp_path / "stage"):
+        got = _received(engine, m)
+        ctx = StageContext(out_dir=tmp_path, engine=engine, progress=False, similarity=DedupConfig())
+        parts = split.split(ds, SplitConfig(leakage_threshold=0.5), ctx)
+        labelled = label.label(parts.data, LabelConfig(names=["pos"], unknown="drop"), ctx)
+    assert parts.dropped == {"leak_validation": 15, "leak_test": 15} and not filtered
+    assert max(g[1] for g in got if isinstance(g, tuple)) <= 15  # the hits' rows; the kept rows were 225
+    assert labelled.dropped == {"unknown_label": 70} and labelled.data["train"].num_rows == 140
