@@ -1,20 +1,21 @@
 """Split's rows on Ray without per-row arrays on the driver (engine_ray.RayEngine.split_rows, drop_rows).
 
 The split of a row is split.py's rule, computed in tasks: the id's hash against the ratios, the
-source's split name, or (stratified) the row's rank by (hash, id) within its class. One pass of
+source's split name, or (stratified) the row's rank by (hash, id, row) within its class. One pass of
 `route_shard` tasks reads a block's rows, computes their codes and writes the rows of each split as
 that split's shard, so a split's Dataset is its shards, memory-mapped, in block order: the rows
 `select(flatnonzero(codes == k))` gives locally, in the same order, with no row index on the driver.
 
 Stratified, the cut of class c falls at ranks n_train = round(n_c * cuts[0]) and n_val (split.py's
-_stratified_codes); the row at such a rank is the cut's threshold (hash, id), and a row goes below
-the cut when its (hash, id) is smaller. Found by a distributed selection:
+_stratified_codes); the row at such a rank is the cut's threshold (hash, id, row index), and a row
+goes below the cut when its (hash, id, row index) is smaller. Found by a distributed selection:
   1. tasks count each class's rows per bucket of the hash's top bits (BUCKETS buckets), per block,
      and other tasks add the blocks' counts up (a tree): the driver receives one histogram
      (classes x BUCKETS int64, whatever the rows and blocks): n_c, and the bucket of each cut rank;
-  2. tasks return the (hash, id) of only the rows in those buckets (~2 n_c / BUCKETS rows per class);
-     the driver sorts them by (hash, id), ties of hash by id as locally, and reads off the threshold.
-Ids are unique (load refuses repeats), so (hash, id) orders a class's rows totally, as locally.
+  2. tasks return the hash, id and row index of only the rows in those buckets (~2 n_c / BUCKETS
+     rows per class); the driver sorts them by (hash, id, row), as _stratified_codes ranks a class
+     (ties of hash by id, then by row: its sorts are stable, and a stage run on its own may see an
+     id twice), and reads off the threshold.
 The driver holds per class two thresholds and, for a moment, the histogram and those rows.
 """
 
@@ -99,23 +100,27 @@ def _sum(*arrays: np.ndarray) -> np.ndarray:
     return np.sum(arrays, axis=0)
 
 
-def _in_buckets(table: Any, keys: Any, buckets: int, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
-    """(codes, hashes, ids) of the batch's rows whose class * buckets + bucket is in `wanted`."""
-    u, cls = keys(table)
-    code = cls.astype(np.int64) * buckets + _bucket(u, buckets)
-    hit = np.flatnonzero(np.isin(code, wanted))
-    ids = table.column("id").to_pylist() if len(hit) else []
-    return code[hit], u[hit], [ids[k] for k in hit.tolist()]
+def candidates_shard(packed: tuple, start: int, end: int, keys: Any, buckets: int,
+                     wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray, list, np.ndarray]:
+    """(codes, hashes, ids, row indices) of the rows start:end of the packed Dataset whose class * buckets
+    + bucket is in `wanted` (the cuts' buckets), read here batch by batch."""
+    rows = ray_io.open_packed(packed).select(range(start, end)).select_columns(["id", "label"])
+    parts, first = [], start
+    for table in rows.with_format("arrow").iter(10_000):
+        u, cls = keys(table)
+        code = cls.astype(np.int64) * buckets + _bucket(u, buckets)
+        hit = np.flatnonzero(np.isin(code, wanted))
+        ids = table.column("id").to_pylist() if len(hit) else []
+        parts.append((code[hit], u[hit], [ids[k] for k in hit.tolist()], first + hit))
+        first += table.num_rows
+    return (*(np.concatenate([p[k] for p in parts]) for k in (0, 1)), [i for p in parts for i in p[2]],
+            np.concatenate([p[3] for p in parts]))
 
 
-def _joined(partials: list) -> tuple[np.ndarray, np.ndarray, list]:
-    return (np.concatenate([p[0] for p in partials]), np.concatenate([p[1] for p in partials]),
-            [i for p in partials for i in p[2]])
-
-
-def _cut_codes(table: Any, rows: np.ndarray, keys: Any, hashes: np.ndarray, ids: list) -> np.ndarray:
+def _cut_codes(table: Any, rows: np.ndarray, keys: Any, hashes: np.ndarray, ties: list) -> np.ndarray:
     """(rows,) int8 codes of a batch by the thresholds: hashes (classes, 2) float64 (inf: no cut, all
-    below) and ids[c][j] the threshold row's id; below cut 0 is train, below cut 1 validation."""
+    below), ties[c][j] the (id, row index) of cut j's threshold row; a row is below a cut when its
+    (hash, id, row) is smaller; below cut 0 is train, below cut 1 validation, else test."""
     u, cls = keys(table)
     codes = np.full(len(u), 2, dtype=np.int8)
     batch_ids = None
@@ -125,7 +130,7 @@ def _cut_codes(table: Any, rows: np.ndarray, keys: Any, hashes: np.ndarray, ids:
         tied = np.flatnonzero(u == t)  # the threshold row itself, and rows whose hash equals its
         if len(tied):
             batch_ids = batch_ids or table.column("id").to_pylist()
-            below[tied] = [batch_ids[k] < ids[cls[k]][j] for k in tied.tolist()]
+            below[tied] = [(batch_ids[k], int(rows[k])) < ties[cls[k]][j] for k in tied.tolist()]
         codes[below] = j
     return codes
 
@@ -178,22 +183,27 @@ def _targets(counts: np.ndarray, cuts: tuple[float, float]) -> list[list]:
 
 
 def stratified_cuts(engine: Any, ds: Any, keys: Any, classes: int, cuts: tuple[float, float]) -> tuple:
-    """(hashes (classes, 2), ids [[2] per class]): the threshold (hash, id) of each class's two cuts
-    (inf, "": none), by the two-pass selection above; keys(table) -> (hashes, class indices)."""
+    """(hashes (classes, 2), ties [[2] per class]): the threshold (hash, (id, row)) of each class's two
+    cuts (inf: none), by the two-pass selection above; keys(table) -> (hashes, class indices)."""
+    import ray
+
     b = buckets_for(classes)
     targets = _targets(_histogram(engine, ds, keys, classes, b), cuts)
     wanted = np.unique([c * b + t[0] for c, row in enumerate(targets) for t in row if t is not None])
-    hashes, ids = np.full((classes, 2), np.inf), [["", ""] for _ in range(classes)]
+    hashes, ties = np.full((classes, 2), np.inf), [[("", -1), ("", -1)] for _ in range(classes)]
     if not len(wanted):
-        return hashes, ids
-    code, u, found = engine.reduce(ds, functools.partial(_in_buckets, keys=keys, buckets=b, wanted=wanted), _joined,
-                                   ["id", "label"], desc="split: the cuts' buckets")
+        return hashes, ties
+    task, source = ray.remote(candidates_shard).options(**engine.task_options()), ray_io.pack(ds)
+    found = engine.get([task.remote(source, s, e, keys, b, wanted) for s, e in engine.block_bounds(ds.num_rows)],
+                       "split: the cuts' buckets")
+    code, u, rows = (np.concatenate([f[k] for f in found]) for k in (0, 1, 3))
+    ids = [i for f in found for i in f[2]]
     for c, row in enumerate(targets):
         for j, t in enumerate(row):
-            if t is not None:
+            if t is not None:  # the bucket's rows by (hash, id, row), as _stratified_codes ranks them
                 hit = np.flatnonzero(code == c * b + t[0]).tolist()
-                hashes[c, j], ids[c][j] = sorted((u[k], found[k]) for k in hit)[t[1]]
-    return hashes, ids
+                hashes[c, j], ties[c][j] = sorted((u[k], (ids[k], int(rows[k]))) for k in hit)[t[1]]
+    return hashes, ties
 
 
 def split_rows(engine: Any, ds: Any, cfg: Any) -> tuple[dict, bool]:
@@ -216,8 +226,8 @@ def split_rows(engine: Any, ds: Any, cfg: Any) -> tuple[dict, bool]:
 
 def stratified_rows(engine: Any, ds: Any, keys: Any, classes: int, cuts: tuple[float, float]) -> dict:
     """{split: rows} of a stratified split by keys(table) -> (hashes, class indices): the cuts, then a route."""
-    hashes, ids = stratified_cuts(engine, ds, keys, classes, cuts)
-    rule = functools.partial(_cut_codes, keys=keys, hashes=hashes, ids=ids)
+    hashes, ties = stratified_cuts(engine, ds, keys, classes, cuts)
+    rule = functools.partial(_cut_codes, keys=keys, hashes=hashes, ties=ties)
     return dict(zip(split.SPLITS, route(engine, ds, rule, ["source_split"], 3, "split")))
 
 

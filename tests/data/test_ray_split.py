@@ -64,6 +64,9 @@ SIZES = {"big": 230, "mid": 61, "one": 1, "two": 2, "three": 3}
 def test_stratified_cuts_on_ray_equal_stratified_codes(tmp_path, ray_cluster, monkeypatch, blocks, buckets, tied):
     monkeypatch.setattr(ray_split, "BUCKETS", buckets)  # 4: tens of rows per bucket, the rank within it matters
     ds = _corpus(tmp_path, SIZES)
+    if tied:  # and repeated ids (a stage run on its own may see them): equal (hash, id), ranked by row
+        ids = ds["id"][:]
+        ds = _saved(tmp_path, "repeated", {**ds.to_dict(), "id": ids[:40] + ids[:40] + ids[80:]})
     classes = sorted(SIZES)
     keys = (functools.partial(_tied_keys, classes=classes) if tied
             else functools.partial(split._hash_and_class, seed=5, classes=classes))
@@ -78,6 +81,17 @@ def test_stratified_cuts_on_ray_equal_stratified_codes(tmp_path, ray_cluster, mo
     if tied:  # the forcing worked: hashes shared within a class, and at a cut
         u, cls = keys(ds.with_format("arrow")[:])
         assert len(set(zip(u.tolist(), cls.tolist()))) < 0.1 * ds.num_rows and 1.0 in u
+
+
+def test_one_id_repeated_is_ranked_by_row_as_locally(tmp_path, ray_cluster):
+    ds = _saved(tmp_path, "one-id", {"id": ["x"] * 5 + ["y", "z"], "text": ["t"] * 7, "label": ["a"] * 5 + ["b"] * 2,
+                                     "source_split": [""] * 7})
+    keys = functools.partial(split._hash_and_class, seed=5, classes=["a", "b"])
+    engine = _engine(blocks=2)
+    with engine.stage(tmp_path / "stage"):
+        got = ray_split.stratified_rows(engine, ds, keys, 2, (0.4, 0.8))
+        rows = {s: got[s]["id"][:] for s in SPLITS}
+    assert rows == _local_split(ds, keys, (0.4, 0.8)) and rows["train"].count("x") == 2 and rows["test"] == ["x"]
 
 
 def test_the_cut_ranks_are_those_of_stratified_codes():
