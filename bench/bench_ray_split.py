@@ -9,8 +9,8 @@ stratified), one process each: a local Ray, a synthetic corpus on disk (ids, sho
 50/25/25%), then split.split with the leakage check off. Measured around the stage only: the bytes the
 driver receives from engine.get (pickled size of each answer), the peak of the driver's Python and numpy
 allocations (tracemalloc), the Arrow memory the driver still holds after it (a select's indices live
-there), its RSS growth, and the stage's seconds and driver CPU-seconds. The slope between the smallest
-and the largest size is the growth per document.
+there), its RSS growth, the stage's seconds and its CPU-seconds (the driver's; with Ray's processes).
+The slope between the smallest and the largest size is the growth per document.
 """
 
 from __future__ import annotations
@@ -33,8 +33,23 @@ def corpus(n: int, path: Path) -> None:
     from datasets import Dataset
 
     labels = ["a", "a", "b", "c"]
-    Dataset.from_dict({"id": [f"s{k:08d}" for k in range(n)], "text": [f"document {k} says {k % 977}" for k in range(n)],
+    texts = [f"document {k} says {k % 977}" for k in range(n)]
+    Dataset.from_dict({"id": [f"s{k:08d}" for k in range(n)], "text": texts,
                        "label": [labels[k % 4] for k in range(n)], "source_split": [""] * n}).save_to_disk(str(path))
+
+
+def tree_cpu(me) -> float:
+    """CPU-seconds (user + system) used so far by this process and its descendants (Ray's raylet and workers)."""
+    import psutil
+
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
 
 
 def child(job: dict) -> dict:
@@ -59,6 +74,7 @@ def child(job: dict) -> dict:
     engine.get = counted
     ds, out, me = load_from_disk(job["data"]), Path(job["out"]), psutil.Process()
     rss, arrow, cpu, t0 = me.memory_info().rss, pa.total_allocated_bytes(), me.cpu_times(), time.perf_counter()
+    tree = tree_cpu(me)
     tracemalloc.start()
     with engine.stage(out / "stage"):
         parts = split.split(ds, SplitConfig(leakage="off", stratify=job["stratify"]),
@@ -66,17 +82,18 @@ def child(job: dict) -> dict:
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         held = pa.total_allocated_bytes() - arrow
-        done = me.cpu_times()
+        done, tree = me.cpu_times(), tree_cpu(me) - tree
     return {"docs": sum(parts[s].num_rows for s in parts), "seconds": time.perf_counter() - t0,
-            "driver_cpu_s": done.user + done.system - cpu.user - cpu.system, "received": received[0],
+            "driver_cpu_s": done.user + done.system - cpu.user - cpu.system, "tree_cpu_s": tree,
+            "received": received[0],
             "traced_peak": peak, "arrow_held": held, "rss_growth": me.memory_info().rss - rss,
             "load": os.getloadavg()[0]}
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| code | split | docs | received B | received B/doc (slope) | traced peak MiB | traced B/doc (slope) | "
-             "Arrow held B/doc (slope) | RSS growth MiB | stage s | driver CPU-s | load |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "Arrow held B/doc (slope) | RSS growth MiB | stage s | driver CPU-s | tree CPU-s | load |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for key in dict.fromkeys((r["code"], r["how"]) for r in rows):
         pts = sorted((r for r in rows if (r["code"], r["how"]) == key), key=lambda r: r["docs"])
         a, b = pts[0], pts[-1]
@@ -86,6 +103,7 @@ def table(rows: list[dict]) -> str:
             lines.append(f"| {key[0]} | {key[1]} | {r['docs']:,} | {r['received']:,} | {slope['received']:.2f} | "
                          f"{r['traced_peak'] / 2**20:,.1f} | {slope['traced_peak']:.1f} | {slope['arrow_held']:.1f} | "
                          f"{r['rss_growth'] / 2**20:,.0f} | {r['seconds']:.1f} | {r['driver_cpu_s']:.1f} | "
+                         f"{r['tree_cpu_s']:.1f} | "
                          f"{r['load']:.1f} |")
     return "\n".join(lines)
 

@@ -160,7 +160,8 @@ def _histogram(engine: Any, ds: Any, keys: Any, classes: int, buckets: int) -> n
     size, opts = classes * buckets, engine.task_options()
     task, add = ray.remote(ray_io.reduce_shard).options(**opts), ray.remote(_sum).options(**opts)
     source = ray_io.pack(ds)
-    fn, dense = functools.partial(_bucket_counts, keys=keys, buckets=buckets), functools.partial(_dense_counts, size=size)
+    fn = functools.partial(_bucket_counts, keys=keys, buckets=buckets)
+    dense = functools.partial(_dense_counts, size=size)
     refs = [task.remote(source, s, e, fn, dense, ["id", "label"], 10_000) for s, e in engine.block_bounds(ds.num_rows)]
     while len(refs) > 1:
         refs = [add.remote(*refs[k:k + FAN_IN]) for k in range(0, len(refs), FAN_IN)]
