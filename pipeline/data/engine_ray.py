@@ -64,7 +64,7 @@ What still runs on the driver (the process that runs prepare), and what it holds
 - split: no per-row array. The distinct source split names (or labels: the classes), each block's
   row count per split, memory-mapped views of the shards; stratified, one histogram of classes x
   2^16 int64 counts (whatever the rows and blocks; fewer buckets for many classes, at most 32 MiB)
-  and the hash and id of the rows in the cuts' buckets (~2 per 2^16 rows of a class), then two
+  and the hash, id and row of the rows in the cuts' buckets (~2 per 2^16 rows of a class), then two
   thresholds per class; the leakage check: each query's best match, the ids of the rows with a hit,
   and those rows' indices (the rest are written by tasks);
 - the stage folders are written by the tasks (above), so every node must see output_dir (shared
