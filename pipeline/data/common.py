@@ -90,6 +90,21 @@ class LocalEngine:
         texts as lists, in this process."""
         return find(column(reference, "text"), column(query, "text"), cfg, threshold, self.num_proc)
 
+    # ------------------------------------------------------------ split's rows (the Ray engine's: ray_split.py)
+    def split_rows(self, ds: Any, cfg: Any, split_local: Any) -> tuple[dict, bool]:
+        """split_local (split.split_rows, handed in as plan_dedup's plan_lists is): every row's split code
+        here, then a select of each split's rows."""
+        return split_local(ds, cfg, self)
+
+    @staticmethod
+    def drop_rows(ds: Any, rows: list[int]) -> Any:
+        """`ds` without `rows` (ascending): a select of the others (a list: the fingerprint as before)."""
+        import numpy as np
+
+        keep = np.ones(ds.num_rows, dtype=bool)
+        keep[rows] = False
+        return ds.select(np.flatnonzero(keep).tolist())
+
 
 @dataclass
 class StageContext:

@@ -39,7 +39,12 @@ What moves and what stays (the engines differ in how they move data, never in wh
   `reduce` (each task reads only the columns it needs of a block from the stage's files and returns
   a small partial: a Counter, a set, per-row fixed-width values; the driver combines them in row
   order), and clean's map, counts and filter are one pass of `map_filter` tasks that write only the
-  kept rows (ray_io.py).
+  kept rows (ray_io.py), as are label's map and filter with label.unknown=drop.
+- Split's rows (ray_split.py): one pass of tasks computes each row's split by split.py's rules and
+  writes each split's rows as that split's shard (a split is its shards, memory-mapped, in order);
+  stratified, each class's cuts are found first by a distributed selection (a histogram of the
+  hash's top bits summed by tasks, then the (hash, id) of only the rows in the cuts' buckets); the
+  leakage check's removal is a pass of tasks that write the other rows.
 - Load (ray_load.py): the source read in parts (parts.py: byte ranges at line starts, a quoted CSV's
   at record starts found by quote parity, row groups, a label folder's files, a hub split's row
   ranges) by tasks that run the local engine's reader and write the rows as Arrow
@@ -57,15 +62,15 @@ What still runs on the driver (the process that runs prepare), and what it holds
 - clean, label, tokenize: none of their rows or columns. The driver receives per block the drop
   counts (clean), the class names found with their counts and first 3 ids each (label), a
   histogram of token lengths (tokenize); it keeps memory-mapped views of the shards the tasks wrote
-  and the column operations datasets replays lazily (tokenize's remove_columns). Two exceptions:
-  label.unknown=drop with unknown labels filters them with datasets' filter on the driver (a pass
-  over the mapped label column, 8 B of indices per kept row), and training a tokenizer reads the
+  and the column operations datasets replays lazily (tokenize's remove_columns); with
+  label.unknown=drop, the kept rows' count per block. One exception: training a tokenizer reads the
   train texts here (the tokenizers trainer; a sample would not give the local tokenizer);
-- split: the distinct source split names, then 1 B of split code per row (computed in the tasks
-  from the id's hash or the source's split), or, stratified, 8 B of hash and 4 B of class per row
-  (the ranking by hash within a class needs them all; the ids of rows whose hash ties only), and
-  the row indices of each split (8 B per row); the leakage check: each query's best match and the
-  ids of the rows with a hit;
+- split: no per-row array. The distinct source split names (or labels: the classes), each block's
+  row count per split, memory-mapped views of the shards; stratified, one histogram of classes x
+  2^16 int64 counts (whatever the rows and blocks; fewer buckets for many classes, at most 32 MiB)
+  and the hash, id and row of the rows in the cuts' buckets (~2 per 2^16 rows of a class), then two
+  thresholds per class; the leakage check: each query's best match, the ids of the rows with a hit,
+  and those rows' indices (the rest are written by tasks);
 - the stage folders are written by the tasks (above), so every node must see output_dir (shared
   storage on a cluster; a task that cannot see a stage's file fails naming it in one line);
 - dedup: no text, id or source_split column; fixed-width numpy arrays per row (hash 16 B, length,
@@ -337,3 +342,16 @@ class RayEngine:
         """dedup's plan of `ds` from tasks' fixed-width facts, and the ids and texts (of only the rows
         in a cluster) its report reads: ray_dedup.plan (`plan_lists`, the in-process plan, is the local engine's)."""
         return ray_dedup.plan(self, ds, cfg, protected)
+
+    # ------------------------------------------------------------ split's rows, routed by tasks (ray_split.py)
+    def split_rows(self, ds: Any, cfg: Any, split_local: Any = None) -> tuple[dict, bool]:
+        """split.split_rows's answer from tasks that write each split's rows (`split_local` is the local way)."""
+        from pipeline.data import ray_split
+
+        return ray_split.split_rows(self, ds, cfg)
+
+    def drop_rows(self, ds: Any, rows: list[int]) -> Any:
+        """`ds` without `rows` (ascending), written by tasks that copy the other rows (no indices here)."""
+        from pipeline.data import ray_split
+
+        return ray_split.drop_rows(self, ds, rows)

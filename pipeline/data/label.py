@@ -81,6 +81,17 @@ def _unknown_error(bad: dict[str, tuple[int, list[str]]], names: list[str]) -> V
     )
 
 
+def _known(table):
+    """A mapped batch's rows whose label is a class (-1: unknown, dropped)."""
+    import pyarrow.compute as pc
+
+    return pc.greater_equal(table.column("label"), 0)
+
+
+def _rows(table) -> int:
+    return table.num_rows
+
+
 def label(dd, cfg: LabelConfig, ctx: StageContext) -> StageResult:
     """DatasetDict with string `label` -> int ClassLabel `label`; unknown labels fail or are dropped."""
     from datasets import ClassLabel, DatasetDict
@@ -105,13 +116,14 @@ def label(dd, cfg: LabelConfig, ctx: StageContext) -> StageResult:
         ids = [index.get(resolve(r, t, mapping, rules), -1) for r, t in zip(batch["label"], batch["text"])]
         return {"label": ids}
 
-    out = {}
+    out, added = {}, {"label": ClassLabel(names=names)}
     for s in SPLITS:
         # an empty split is built with the final feature: cast_column does nothing on zero rows
-        mapped = ctx.engine.map_batches(dd[s], to_id, {"label": ClassLabel(names=names)}, desc=f"label {s}")
-        kept = mapped
-        if bad:  # label.unknown=drop: a pass over the mapped labels (8 B of indices per kept row); else none goes
-            kept = mapped.filter(lambda b: [i >= 0 for i in b["label"]], batched=True, desc=f"unknown labels {s}")
+        if bad:  # label.unknown=drop: the map and the filter in one pass (on Ray: tasks write only the kept rows)
+            kept, _ = ctx.engine.map_filter(dd[s], to_id, added, _known, drop=[], tally=_rows, combine=sum,
+                                            desc=f"label {s}")
+        else:
+            kept = ctx.engine.map_batches(dd[s], to_id, added, desc=f"label {s}")
         same = kept.features["label"] == ClassLabel(names=names)  # Ray's map wrote it so; cast_column is a pass
         out[s] = kept if same else kept.cast_column("label", ClassLabel(names=names))
     dropped = {"unknown_label": sum(n for k, (n, _) in bad.items() if k != MISSING),

@@ -72,15 +72,25 @@ def _stratified_codes(u: np.ndarray, cls: np.ndarray, cuts: tuple[float, float],
     return codes
 
 
+def cut_points(ratios: tuple[float, float, float]) -> tuple[float, float]:
+    """Where train ends and validation ends, as fractions of the hash range (or of a class's rank)."""
+    return ratios[0], ratios[0] + ratios[1]
+
+
+def label_classes(ds, engine) -> list[str]:
+    """The distinct labels of `ds`, sorted: the classes a stratified split ranks within."""
+    return sorted(engine.reduce(ds, functools.partial(_distinct, name="label"), add_up, ["label"], desc="classes"))
+
+
 def assign_codes(ds, engine, ratios: tuple[float, float, float], seed: int, stratify: bool) -> np.ndarray:
     """(rows,) int8 split code (CODES) of each row of `ds` (id, label): hash thresholds, or per-class
     hash ranks cut at the ratios. The hashes are computed where `engine` reduces (on Ray: in tasks);
     stratified, the ranking needs them all, so the driver receives 8 B of hash + 4 B of class per row
     (and the ids of tied rows only), never the id or label columns."""
-    cuts = (ratios[0], ratios[0] + ratios[1])
+    cuts = cut_points(ratios)
     if not stratify:
         return engine.reduce(ds, functools.partial(_hash_codes, seed=seed, cuts=cuts), concat, ["id"], desc="split")
-    classes = sorted(engine.reduce(ds, functools.partial(_distinct, name="label"), add_up, ["label"], desc="classes"))
+    classes = label_classes(ds, engine)
     u, cls = engine.reduce(ds, functools.partial(_hash_and_class, seed=seed, classes=classes), concat,
                            ["id", "label"], desc="split")
     return _stratified_codes(u, cls, cuts, lambda rows: fetch(engine, ds, rows, ("id",))[0])
@@ -117,9 +127,10 @@ def _source_codes(table, seed: int, share: float) -> np.ndarray:
                      for n, i in zip(names, _ids(table))], dtype=np.int8)
 
 
-def _from_source(ds, cfg: SplitConfig, engine) -> np.ndarray | None:
-    """Codes of the source's own split; a missing validation split is carved from train by hash.
-    The driver receives the distinct names, then 1 B per row."""
+def source_share(ds, cfg: SplitConfig, engine) -> float | None:
+    """None when the split is not the source's own (not asked for, or no row names one); else the
+    share of train carved into validation by hash (0 when the source has a validation split). The
+    driver receives the distinct source split names only."""
     if not cfg.use_source_split:
         return None
     raw = engine.reduce(ds, functools.partial(_distinct, name="source_split"), add_up, ["source_split"],
@@ -127,7 +138,14 @@ def _from_source(ds, cfg: SplitConfig, engine) -> np.ndarray | None:
     if not any(raw):
         return None
     names = source_split_names(sorted(raw))
-    share = cfg.validation / (cfg.train + cfg.validation) if "validation" not in names and cfg.validation > 0 else 0
+    return cfg.validation / (cfg.train + cfg.validation) if "validation" not in names and cfg.validation > 0 else 0
+
+
+def _from_source(ds, cfg: SplitConfig, engine) -> np.ndarray | None:
+    """Codes of the source's own split (source_share); 1 B per row to the driver."""
+    share = source_share(ds, cfg, engine)
+    if share is None:
+        return None
     return engine.reduce(ds, functools.partial(_source_codes, seed=cfg.seed, share=share), concat,
                          ["id", "source_split"], desc="source splits")
 
@@ -208,10 +226,8 @@ def _leakage(parts: dict, cfg: SplitConfig, ctx: StageContext) -> tuple[dict, di
         leaks += sorted(({"split": name, "id": qids[q], f"{ref}_id": rids[r], "jaccard": round(j, 4),
                           "removed": removed} for q, r, j in hits), key=lambda row: row["id"])  # not row order
         if hits and removed:
-            bad = {q for q, _, _ in hits}
-            keep = np.ones(query.num_rows, dtype=bool)
-            keep[sorted(bad)] = False
-            parts[name] = query.select(np.flatnonzero(keep).tolist())  # a list: the fingerprint as before
+            bad = sorted({q for q, _, _ in hits})
+            parts[name] = ctx.engine.drop_rows(query, bad)  # on Ray: a pass of tasks writing the rest
             dropped[f"leak_{name}"] = dropped.get(f"leak_{name}", 0) + len(bad)
     with open(ctx.out_dir / "leakage.jsonl", "w", encoding="utf-8") as f:
         for row in leaks:
@@ -220,22 +236,28 @@ def _leakage(parts: dict, cfg: SplitConfig, ctx: StageContext) -> tuple[dict, di
     return dropped, found
 
 
+def split_rows(ds, cfg: SplitConfig, engine) -> tuple[dict, bool]:
+    """({split: its rows of `ds`, less source_split}, whether the source's own split was kept): the
+    codes of every row (assign_codes or _from_source), then a select per split (8 B per row). The
+    local engine's way; the Ray engine's (ray_split.py) routes the rows in tasks by the same rules."""
+    codes = _from_source(ds, cfg, engine)
+    source_kept = codes is not None
+    if codes is None:
+        codes = assign_codes(ds, engine, (cfg.train, cfg.validation, cfg.test), cfg.seed, cfg.stratify)
+    base = ds.remove_columns("source_split")
+    return {s: base.select(np.flatnonzero(codes == CODES[s])) for s in SPLITS}, source_kept
+
+
 def split(ds, cfg: SplitConfig, ctx: StageContext) -> StageResult:
     """Dataset with id/text/label/source_split -> DatasetDict train/validation/test (+ chunk column).
     The leakage check uses the MinHash settings of ctx.similarity (the dedup section)."""
     from datasets import DatasetDict
 
-    codes = _from_source(ds, cfg, ctx.engine)
-    source_kept = codes is not None
-    if codes is None:
-        codes = assign_codes(ds, ctx.engine, (cfg.train, cfg.validation, cfg.test), cfg.seed, cfg.stratify)
-    rows = {s: np.flatnonzero(codes == CODES[s]) for s in SPLITS}  # row indices: 8 B per row
-    if not len(rows["train"]):  # a tokenizer trained on nothing, and nothing to train on
+    parts, source_kept = ctx.engine.split_rows(ds, cfg, split_rows)
+    if not parts["train"].num_rows:  # a tokenizer trained on nothing, and nothing to train on
         how = ("the source's own split has none; set split.use_source_split=false to split by ratio" if source_kept
                else f"{ds.num_rows} documents are too few for split.train={cfg.train}")
         raise ValueError(f"the train split is empty: {how}")
-    base = ds.remove_columns("source_split")
-    parts = {s: base.select(rows[s]) for s in SPLITS}
     dropped, found = ({}, {}) if cfg.leakage == "off" else _leakage(parts, cfg, ctx)
     docs = {s: parts[s].num_rows for s in SPLITS}
     out = DatasetDict({s: _chunk_rows(parts[s], cfg, ctx) for s in SPLITS})
