@@ -71,8 +71,9 @@ What still runs on the driver (the process that runs prepare), and what it holds
   grow with the rows): the source_split column's distinct values with their counts, O(blocks x
   partitions) object refs, counts, the verified pairs when at most `ray.driver_edges` (16 B each; the
   union-find then over their endpoints only), and clusters.jsonl streamed from the planning tasks' files.
-Measured (bench_ray.py --before, quiet machine, bench/RESULTS.md): the Ray dedup's driver peak RSS grows
-340 B per short document (was 744 B; ~30% of that corpus's rows are in a cluster; the local engine ~2.1 KiB).
+Measured (bench_ray.py --before, loaded machine, bench/RESULTS.md): the Ray dedup's driver anonymous memory
+grows 25 B per short document (was 215 B; its RSS 123 B, was 332 B, the rest mapped Arrow file pages;
+~half of the 25 B is Ray keeping task returns under 100 KiB in their owner's, the driver's, memory).
 
 A task whose worker dies is rerun by Ray up to `ray.max_retries` times (a rerun map or save task
 writes its shard again from the start); past that the stage fails with `StageFailed` (one line)

@@ -28,6 +28,11 @@ the components matter to the plan (plan_rows ranks each cluster itself). So step
 source_split, and the rank is computed once, in step 5, by the shared rule.
 A giant component lands whole in one task of step 5 (its rows' strings in one worker); min-label
 propagation (more than ray.driver_edges verified pairs) keeps an (N,) label vector in the object store.
+One more place per-row bytes can sit: Ray keeps a task's return values smaller than its
+max_direct_call_object_size (100 KiB by default) in their owner's memory, and the driver owns every
+return here, so the small pieces of steps 1-5 (with many blocks and partitions, all of them) stay in the
+driver's process until their refs go: measured ~13 B per short document at 300k and 4 partitions
+(bench/RESULTS.md); a cluster that dedups billions of rows wants that Ray setting lowered (_system_config).
 """
 
 from __future__ import annotations

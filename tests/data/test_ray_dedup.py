@@ -213,6 +213,29 @@ def test_clusters_spread_over_blocks_and_partitions_plan_as_one(tmp_path, ray_cl
     assert outs["local"][2]["test_split"] == {"rows": 2, "removed": 0, "kept_within_test": 0, "kept_whole": True}
 
 
+@pytest.mark.parametrize("settings", [{"method": "exact"}, {"verify": False, "shingle": "char", "ngram": 5}])
+def test_exact_method_and_the_estimate_check_on_ray_equal_local(tmp_path, ray_cluster, settings):
+    """method=exact (no near search: every cluster keyed by its exact group's first row) and the MinHash
+    estimate check with character shingles (the report's similarities still exact, from each
+    cluster's own shingles)."""
+    from pipeline.data.engine_ray import RayEngine
+
+    texts, ids = _ties()
+    cfg = DedupConfig(**{**CFG.__dict__, **settings})
+    outs = {}
+    for name, engine in (("local", None), ("ray", RayEngine.connect(RayConfig(blocks=4)))):
+        (tmp_path / name).mkdir()
+        ds = _on_disk(tmp_path, f"in-{name}", texts, ids, [""] * len(texts))
+        result = dedup(ds, cfg, StageContext(out_dir=tmp_path / name, engine=engine))
+        outs[name] = (result.data["id"][:], result.dropped, stable(result.stats, VOLATILE),
+                      (tmp_path / name / REPORT).read_bytes())
+    assert outs["ray"] == outs["local"]
+    dropped = outs["local"][1]
+    # 50 exact copies; with the near search, the 10 copies of a chain's removed B are near ones (as B is)
+    assert dropped["exact_duplicate"] == (50 if cfg.method == "exact" else 40)
+    assert (dropped["near_duplicate"] == 0) == (cfg.method == "exact")
+
+
 def _hash(text: str) -> int:
     import hashlib
 
