@@ -163,7 +163,10 @@ def plan_dedup(texts: list[str], ids: list[str], cfg: DedupConfig, num_proc: int
     under dedup.keep_test_whole)."""
     norm = [minhash.normalize_text(t) for t in texts]
     length = np.fromiter(map(len, norm), dtype=np.int64, count=len(norm))
-    search = lambda reps: _near_clusters([norm[i] for i in reps.tolist()], cfg, num_proc)  # noqa: E731
+
+    def search(reps: np.ndarray):
+        return _near_clusters([norm[i] for i in reps.tolist()], cfg, num_proc)
+
     return plan_rows(first_of_texts(norm), length, cfg, search, ids, texts, protected)
 
 

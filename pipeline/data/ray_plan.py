@@ -167,7 +167,7 @@ def _write_kept(packed: tuple, start: int, end: int, path: str, batch_size: int,
 
 def _merge_reports(paths: list[Path], out: Path) -> None:
     """The partitions' report files, each sorted by its lines' key, merged into one by that key."""
-    files = [open(p, encoding="utf-8") for p in paths]
+    files = [open(p, encoding="utf-8", newline="\n") for p in paths]  # a line ends at \n only, as written
     try:
         with open(out, "w", encoding="utf-8") as f:
             for line in heapq.merge(*files, key=lambda s: json.loads(s[: s.index("\t")])):
