@@ -6,7 +6,8 @@ prepare, peak memory of the driver and of the workers, at several corpus sizes.
                                          [--set KEY=VALUE ...] [--workers 0,1,2] [--out bench/ray.json]
 
 --before REV also runs every synthetic dedup with commit REV's code (its tree from `git archive`, each
-measurement its own process) and prints a before/after table of docs/s and the driver's peak RSS,
+measurement its own process) and prints a before/after table of docs/s and the driver's peak RSS (and its
+anonymous part: the RSS less the pages of the memory-mapped Arrow files, which the kernel can drop),
 with its growth per document.
 
 Corpora: the embedded tweets (the default config's clean-stage output, 38k rows) and prefixes of one
@@ -43,6 +44,13 @@ ENGINES = (("local", 0), ("ray", 1), ("ray", 2))
 GIB = 2**30
 
 
+def _anon_rss() -> int:
+    """This process's anonymous resident bytes (heap, Ray's in-process object store): its RSS less the
+    pages of files it maps (the stage's memory-mapped Arrow files, which the kernel can drop)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next((int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:")), 0)
+
+
 class TreeMemory:
     """Peaks of the driver's RSS, its descendants' summed RSS (and of those named ray::...) and the
     whole tree's summed PSS, sampled in a thread while the `with` block runs; and the CPU seconds
@@ -52,7 +60,7 @@ class TreeMemory:
         import psutil
 
         self.me = psutil.Process()
-        self.peak = dict.fromkeys(("driver_rss", "children_rss", "workers_rss", "tree_pss"), 0)
+        self.peak = dict.fromkeys(("driver_rss", "driver_anon", "children_rss", "workers_rss", "tree_pss"), 0)
         self.cpu: dict[int, float] = {}  # pid -> CPU seconds it had used at the last sample
         self._lock, self._stop = threading.Lock(), threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -60,7 +68,7 @@ class TreeMemory:
     def _sample(self, k: int) -> None:
         import psutil
 
-        rss = {"driver_rss": self.me.memory_info().rss, "children_rss": 0, "workers_rss": 0}
+        rss = {"driver_rss": self.me.memory_info().rss, "driver_anon": _anon_rss(), "children_rss": 0, "workers_rss": 0}
         procs = self.me.children(recursive=True)
         for p in [self.me, *procs]:
             try:
@@ -169,8 +177,10 @@ def write_csv(texts: list[str], path: Path) -> list[str]:
 
 def child(job: dict) -> dict:
     """Time one dedup or one prepare with one engine; its memory peaks and (Ray) the shuffle's bytes."""
-    if job.get("repo"):  # --before: the dedup of another commit's tree
+    if job.get("repo"):  # --before: the dedup of another commit's tree, in this driver and in Ray's workers
         sys.path.insert(0, job["repo"])
+        os.environ["PYTHONPATH"] = job["repo"]  # what start_local hands the workers, after the tree's root
+        os.chdir(job["repo"])  # Ray puts the driver's working directory first on its workers' sys.path
     from pipeline.config import DedupConfig, RayConfig, load_config
     from pipeline.data import engine_ray, runner
     from pipeline.data.common import StageContext
@@ -263,16 +273,17 @@ def checkout(rev: str, tmp: Path) -> str:
 def before_after_table(rows: list[dict]) -> str:
     """--before: per code and engine, the dedup's docs/s and driver peak RSS at each synthetic size, and
     the driver's growth per document (the slope between the smallest and the largest size)."""
-    lines = ["| code | engine | docs | docs/s | docs per CPU-s | driver peak RSS MiB | driver B/doc (slope) | load |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| code | engine | docs | docs/s | docs per CPU-s | driver peak RSS MiB | driver B/doc (slope) | "
+             "driver peak anon MiB | anon B/doc (slope) | load |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for code, label in dict.fromkeys((r["code"], _label(r)) for r in rows):
         pts = sorted((r for r in rows if (r["code"], _label(r)) == (code, label)), key=lambda r: r["docs"])
         a, b = pts[0], pts[-1]
-        slope = (b["driver_rss"] - a["driver_rss"]) / (b["docs"] - a["docs"]) if len(pts) > 1 else 0
+        slope = {k: (b.get(k, 0) - a.get(k, 0)) / (b["docs"] - a["docs"]) if len(pts) > 1 else 0
+                 for k in ("driver_rss", "driver_anon")}
         for r in pts:
             lines.append(f"| {code} | {label} | {r['docs']:,} | {r['docs'] / r['seconds']:,.0f} | "
-                         f"{r['docs'] / r['cpu_s']:,.0f} | {r['driver_rss'] / 2**20:,.0f} | {slope:,.0f} | "
-                         f"{r['load']:.1f} |")
+                         f"{r['docs'] / r['cpu_s']:,.0f} | {r['driver_rss'] / 2**20:,.0f} | {slope['driver_rss']:,.0f} | "
+                         f"{r.get('driver_anon', 0) / 2**20:,.0f} | {slope['driver_anon']:,.0f} | {r['load']:.1f} |")
     return "\n".join(lines)
 
 

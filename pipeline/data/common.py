@@ -80,10 +80,10 @@ class LocalEngine:
 
     # ------------------------------------------------------------ dedup and the leakage check
     # (the stage hands in its in-process code, as load_source's read_whole: this module imports no stage)
-    def plan_dedup(self, ds: Any, cfg: Any, protected: Any, plan_lists: Any) -> tuple[Any, Any]:
-        """dedup's plan of `ds` and the ids and texts its report reads: plan_lists (dedup.plan_lists)
-        on the text and id columns as lists, in this process."""
-        return plan_lists(column(ds, "text"), column(ds, "id"), cfg, self.num_proc, protected)
+    def dedup(self, ds: Any, cfg: Any, splits: Any, report: Path, local: Any) -> tuple:
+        """The dedup stage's work on `ds` (kept rows, drops, stats, test split counts; the report
+        written to `report`): local (dedup.dedup_lists) on the columns as lists, in this process."""
+        return local(ds, cfg, splits, report, self.num_proc)
 
     def cross_duplicates(self, reference: Any, query: Any, cfg: Any, threshold: float, find: Any) -> list:
         """find (minhash.cross_duplicates: a MinHashLSH index of the reference's) on the two datasets'
@@ -92,7 +92,7 @@ class LocalEngine:
 
     # ------------------------------------------------------------ split's rows (the Ray engine's: ray_split.py)
     def split_rows(self, ds: Any, cfg: Any, split_local: Any) -> tuple[dict, bool]:
-        """split_local (split.split_rows, handed in as plan_dedup's plan_lists is): every row's split code
+        """split_local (split.split_rows, handed in as dedup's local way is): every row's split code
         here, then a select of each split's rows."""
         return split_local(ds, cfg, self)
 
@@ -156,33 +156,6 @@ def concat(partials: list) -> Any:
     if isinstance(partials[0], tuple):
         return tuple(concat(list(parts)) for parts in zip(*partials))
     return np.concatenate(partials)
-
-
-def _batch_codes(table: Any, name: str) -> tuple[list, Any]:
-    """A batch's column `name`: its distinct values (first appearance first) and each row's place in them."""
-    import numpy as np
-
-    seen: dict = {}
-    codes = [seen.setdefault(v, len(seen)) for v in table.column(name).to_pylist()]
-    return list(seen), np.array(codes, dtype=np.int64)
-
-
-def merge_codes(partials: list) -> tuple[list, Any]:
-    """(values, codes) partials in row order as one: values by first appearance, codes renumbered."""
-    import numpy as np
-
-    seen: dict = {}
-    parts = [np.array([seen.setdefault(v, len(seen)) for v in values], dtype=np.int64)[codes]
-             for values, codes in partials if len(codes)]
-    return list(seen), np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
-
-def value_codes(engine: Any, ds: Any, name: str) -> tuple[list, Any]:
-    """Column `name` of `ds` as its distinct values (first appearance first) and (rows,) each row's place
-    in them, from one `engine.reduce` (on Ray: tasks; the driver gets the codes, 8 B per row, not the column)."""
-    import functools
-
-    return engine.reduce(ds, functools.partial(_batch_codes, name=name), merge_codes, [name], desc=f"reading {name}")
 
 
 def fetch(engine: Any, ds: Any, rows: list[int], names: tuple[str, ...]) -> tuple[list, ...]:

@@ -21,13 +21,15 @@ its other test members stay and are listed under "kept_within_test" (same fields
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 
 from pipeline.config import DedupConfig
 from pipeline.data import minhash
-from pipeline.data.common import StageContext, StageResult, value_codes
+from pipeline.data.common import StageContext, StageResult, add_up, column
 from pipeline.data.split import SOURCE_SPLIT_NAMES, source_split_names
 
 REPORT = "clusters.jsonl"
@@ -57,8 +59,7 @@ class Plan:
 
 def _rank(length: np.ndarray, ids, texts, protected: np.ndarray | None = None):
     """Sort key of a row: smaller is kept. A protected row first, then the longest normalized text
-    (`length` (N,), characters), then the smallest id, text, row. `ids` and `texts` are indexed by
-    row: lists of every row (the local engine) or dicts of only the rows that are ever ranked (Ray's)."""
+    (`length` (N,), characters), then the smallest id, text, row (`ids`, `texts`: lists by row)."""
     if protected is None:
         return lambda i: (-int(length[i]), ids[i], texts[i], i)
     first = ~protected  # False (protected) sorts first
@@ -119,8 +120,8 @@ def near_stats(candidates: int, verified: int, cfg: DedupConfig, bands: int, row
 def _near_clusters(texts: list[str], cfg: DedupConfig, num_proc: int = 1) -> tuple[np.ndarray, object, dict]:
     """Connected-component label of each text (R,) (the smallest index of its component), exact
     Jaccard of pairs of them (a function of (K, 2) indices), and stats. `texts` are the exact groups'
-    normalized texts, which have the raw texts' shingles and are folded already. The Ray engine's
-    `near_clusters` gives the same three answers from the same minhash functions, spread over a cluster."""
+    normalized texts, which have the raw texts' shingles and are folded already. The Ray engine finds
+    the same components with the same minhash functions, spread over a cluster (ray_dedup.py)."""
     sk, procs = minhash.sketch(texts, cfg, num_proc, normalized=True)
     found = minhash.near_duplicate_pairs(sk, cfg)
     stats = near_stats(found.candidates, len(found.pairs), cfg, found.bands, found.rows, procs)
@@ -155,46 +156,28 @@ def _kept_per_rep(reps: np.ndarray, labels: np.ndarray, jaccard, rank) -> tuple[
     return kept, sim
 
 
-class Strings:
-    """The ids and raw texts that ranking ties and the report read, indexed by row. Here: lists of
-    every row. The Ray engine's subclass fetches, with tasks, only the rows `need` names."""
-
-    def __init__(self, ids, texts):
-        self.ids, self.texts = ids, texts
-
-    def need(self, rows: np.ndarray) -> None:
-        """Rows (ascending) about to be ranked or reported: every one is in ids and texts after."""
-
-
-def plan_dedup(texts: list[str], ids: list[str], cfg: DedupConfig, num_proc: int = 1, near=None,
+def plan_dedup(texts: list[str], ids: list[str], cfg: DedupConfig, num_proc: int = 1,
                protected: np.ndarray | None = None) -> Plan:
-    """Decide which rows to keep (method exact or minhash) and describe every cluster. `near`: the
-    engine's near-cluster search of texts (default: in this process, signatures in `num_proc` processes).
-    `protected` (N,) bool: rows never removed (the test split under dedup.keep_test_whole)."""
+    """Decide which rows to keep (method exact or minhash) and describe every cluster, in this process
+    (signatures in `num_proc` processes). `protected` (N,) bool: rows never removed (the test split
+    under dedup.keep_test_whole)."""
     norm = [minhash.normalize_text(t) for t in texts]
     length = np.fromiter(map(len, norm), dtype=np.int64, count=len(norm))
 
     def search(reps: np.ndarray):
-        rep_texts = [norm[i] for i in reps.tolist()]
-        return near(rep_texts, cfg) if near else _near_clusters(rep_texts, cfg, num_proc)
+        return _near_clusters([norm[i] for i in reps.tolist()], cfg, num_proc)
 
-    return plan_rows(first_of_texts(norm), length, cfg, search, Strings(ids, texts), protected)
-
-
-def plan_lists(texts: list[str], ids: list[str], cfg: DedupConfig, num_proc: int, protected: np.ndarray | None):
-    """The local engine's plan (plan_dedup, in this process) and the Strings its report reads."""
-    return plan_dedup(texts, ids, cfg, num_proc, None, protected), Strings(ids, texts)
+    return plan_rows(first_of_texts(norm), length, cfg, search, ids, texts, protected)
 
 
-def plan_rows(first: np.ndarray, length: np.ndarray, cfg: DedupConfig, near, strings: Strings,
+def plan_rows(first: np.ndarray, length: np.ndarray, cfg: DedupConfig, near, ids: list[str], texts: list[str],
               protected: np.ndarray | None = None) -> Plan:
-    """The plan from fixed-width facts of N rows, whichever engine computed them: `first` (N,) each
-    row's exact-group label (first_of_texts), `length` (N,) its normalized text's characters,
-    `near(reps)` the near clusters of rows `reps` ((labels, Jaccard of pairs, stats), as
-    _near_clusters), `strings` the ids and texts, asked for only the rows in a cluster."""
+    """The plan of N rows, whichever engine calls it (the local one on every row, Ray's tasks on the
+    rows of some clusters, whole): `first` (N,) each row's exact-group label (first_of_texts), `length`
+    (N,) its normalized text's characters, `near(reps)` the near clusters of rows `reps` ((labels,
+    Jaccard of pairs, stats), as _near_clusters), `ids` and `texts` (raw) of the N rows."""
     n = len(first)
-    strings.need(_copied(first))
-    rank = _rank(length, strings.ids, strings.texts, protected)
+    rank = _rank(length, ids, texts, protected)
     group = _exact_groups(first, rank)
     reps = np.flatnonzero(group == np.arange(n))
     stats: dict = {"method": cfg.method}
@@ -202,14 +185,13 @@ def plan_rows(first: np.ndarray, length: np.ndarray, cfg: DedupConfig, near, str
     if cfg.method == "minhash":
         labels, jaccard, more = near(reps)
         stats.update(more)
-        strings.need(reps[np.bincount(labels, minlength=len(reps))[labels] > 1])
         kept_rep, sim_rep = _kept_per_rep(reps, labels, jaccard, rank)
     at = np.searchsorted(reps, group)  # (N,) each row's exact group, as a position in reps
     kept = kept_rep[at]
     members = np.flatnonzero(kept != np.arange(n))
     near = group[members] != kept[members]  # copies of a removed representative are near too
     sim = np.array([round(s, 4) for s in np.where(near, sim_rep[at[members]], 1.0).tolist()])
-    order = _report_order(members, kept[members], sim, strings.ids, rank)
+    order = _report_order(members, kept[members], sim, ids, rank)
     stats["clusters"] = len(np.unique(kept[members]))
     stays = np.zeros(n, dtype=bool) if protected is None else protected
     keep = np.flatnonzero((kept == np.arange(n)) | stays)
@@ -235,63 +217,103 @@ def _entries(plan: Plan, rows: list[int], texts: list[str], ids: list[str]) -> l
              "text": texts[r][:SNIPPET_CHARS]} for r, x, k in zip(members, near, rows)]
 
 
-def write_report(plan: Plan, texts: list[str], ids: list[str], path) -> None:
-    """One JSON line per cluster: kept id, size, and each removed id with its similarity (and,
-    when rows were protected, each protected copy kept within test)."""
+def report_lines(plan: Plan, texts: list[str], ids: list[str]) -> Iterator[tuple[int, str]]:
+    """(kept row, JSON line) of each cluster, in report order: kept id, size, and each removed id with
+    its similarity (and, when rows were protected, each protected copy kept within test). The one
+    format of clusters.jsonl, whichever engine planned (Ray's tasks write their clusters' lines)."""
     bounds = np.flatnonzero(np.diff(plan.kept_of, prepend=-1, append=-1)).tolist()  # cluster starts, then the end
     stays = plan.stays.tolist()
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        kept = int(plan.kept_of[s])
+        line = {
+            "kept": ids[kept],
+            "size": 1 + e - s,
+            "text": texts[kept][:SNIPPET_CHARS],
+            "removed": _entries(plan, [k for k in range(s, e) if not stays[k]], texts, ids),
+        }
+        if plan.protected:
+            line["kept_within_test"] = _entries(plan, [k for k in range(s, e) if stays[k]], texts, ids)
+        yield kept, json.dumps(line, ensure_ascii=False) + "\n"
+
+
+def write_report(plan: Plan, texts: list[str], ids: list[str], path) -> None:
+    """clusters.jsonl: report_lines of the plan."""
     with open(path, "w", encoding="utf-8") as f:
-        for s, e in zip(bounds[:-1], bounds[1:]):
-            kept = int(plan.kept_of[s])
-            line = {
-                "kept": ids[kept],
-                "size": 1 + e - s,
-                "text": texts[kept][:SNIPPET_CHARS],
-                "removed": _entries(plan, [k for k in range(s, e) if not stays[k]], texts, ids),
-            }
-            if plan.protected:
-                line["kept_within_test"] = _entries(plan, [k for k in range(s, e) if stays[k]], texts, ids)
-            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+        f.writelines(line for _, line in report_lines(plan, texts, ids))
 
 
-def protected_rows(names: list[str], codes: np.ndarray, cfg: DedupConfig) -> np.ndarray | None:
-    """(N,) bool: the rows whose source split is test, protected under dedup.keep_test_whole; None when
-    the setting is off. The source_split column as `names` (its distinct values) and `codes` (N,), each
-    row's place in names. A source without a test split of its own is an error."""
+def dropped_counts(plan: Plan) -> dict:
+    """The manifest's drops: the removed rows, exact or near duplicates of their kept row."""
+    near = int(plan.near[~plan.stays].sum())
+    return {"exact_duplicate": len(plan.removed) - near, "near_duplicate": near}
+
+
+@dataclass(frozen=True)
+class Splits:
+    """The raw source_split values that matter to dedup: `protected` those whose rows are never
+    removed (dedup.keep_test_whole; None when off), `test` those counted in the test split's record.
+    A few values, not rows: each engine's tasks flag their rows with them."""
+
+    protected: frozenset | None
+    test: frozenset
+
+    def flags(self, values: list[str]) -> tuple[np.ndarray | None, np.ndarray]:
+        """(N,) bool protected (None when off) and (N,) bool test, of rows with these source_split values."""
+        is_test = np.fromiter((v in self.test for v in values), dtype=bool, count=len(values))
+        if self.protected is None:
+            return None, is_test
+        return np.fromiter((v in self.protected for v in values), dtype=bool, count=len(values)), is_test
+
+
+def splits_of(names: list[str], cfg: DedupConfig) -> Splits:
+    """The Splits of a source whose source_split column holds the distinct values `names`. Protected
+    (dedup.keep_test_whole): the values split.py reads as test; a source without a test split of its
+    own is then an error."""
+    # names split.py would refuse are not test rows in the record: split reports them
+    test = frozenset(r for r in names if SOURCE_SPLIT_NAMES.get(r.lower()) == "test")
     if not cfg.keep_test_whole:
-        return None
+        return Splits(None, test)
     canonical = source_split_names(names)
     if "test" not in canonical:
         found = sorted(set(canonical) - {""}) or "none"
         raise ValueError(f"dedup.keep_test_whole=true keeps the source's own test split, but this source has "
                          f"none (its splits: {found}); set dedup.keep_test_whole=false, or name the split "
                          f"column with source.split_field")
-    return np.array([n == "test" for n in canonical], dtype=bool)[codes]
+    return Splits(frozenset(r for r, c in zip(names, canonical) if c == "test"), test)
 
 
-def _test_stats(names: list[str], codes: np.ndarray, plan: Plan | None, cfg: DedupConfig) -> dict:
-    """What dedup did to the source's own test split, for the record evaluate reads (metrics.json's
-    test_set); {} when the source has no test split."""
-    # names split.py would refuse are not test rows here: split reports them
-    is_test = np.array([SOURCE_SPLIT_NAMES.get(r.lower()) == "test" for r in names], dtype=bool)[codes]
-    if not is_test.any():
+def _test_record(rows: int, removed: int, copies: int, cfg: DedupConfig) -> dict:
+    """What dedup did to the source's own test split (`rows` rows), for the record evaluate reads
+    (metrics.json's test_set); {} when the source has no test split."""
+    if not rows:
         return {}
-    removed = int(is_test[plan.removed].sum()) if plan is not None else 0
-    copies = int(plan.stays.sum()) if plan is not None else 0
-    return {"test_split": {"rows": int(is_test.sum()), "removed": removed, "kept_within_test": copies,
+    return {"test_split": {"rows": rows, "removed": removed, "kept_within_test": copies,
                            "kept_whole": cfg.keep_test_whole}}
+
+
+def _split_counts(table) -> Counter:
+    return Counter(table.column("source_split").to_pylist())
+
+
+def dedup_lists(ds, cfg: DedupConfig, splits: Splits, report, num_proc: int) -> tuple:
+    """The local engine's dedup: plan_dedup on the columns as lists, in this process; the report
+    written to `report`. (kept rows, dropped, the plan's stats, (test rows removed, kept within test))."""
+    texts, ids = column(ds, "text"), column(ds, "id")
+    protected, is_test = splits.flags(column(ds, "source_split"))
+    plan = plan_dedup(texts, ids, cfg, num_proc, protected)
+    write_report(plan, texts, ids, report)
+    out = ds.select(plan.keep) if len(plan.keep) < ds.num_rows else ds
+    return out, dropped_counts(plan), plan.stats, (int(is_test[plan.removed].sum()), int(plan.stays.sum()))
 
 
 def dedup(ds, cfg: DedupConfig, ctx: StageContext) -> StageResult:
     """The stage: `ds` with columns id, text, label, source_split; the same columns out. The engine
-    plans (`plan_dedup`): the local one from the columns as lists, Ray's from tasks' fixed-width facts."""
-    names, codes = value_codes(ctx.engine, ds, "source_split")  # the protected rows and the test split's record
-    protected = protected_rows(names, codes, cfg)
+    dedups (`engine.dedup`): the local one with dedup_lists, Ray's in tasks (ray_dedup.py), neither
+    holding more than the source_split column's distinct values and their counts for the Splits."""
+    counts = ctx.engine.reduce(ds, _split_counts, add_up, ["source_split"], desc="reading source_split")
+    splits = splits_of(list(counts), cfg)
+    test_rows = sum(n for v, n in counts.items() if v in splits.test)
     if cfg.method == "none":
-        return StageResult(ds, {}, {"method": "none", **_test_stats(names, codes, None, cfg)})
-    plan, strings = ctx.engine.plan_dedup(ds, cfg, protected, plan_lists)
-    write_report(plan, strings.texts, strings.ids, ctx.out_dir / REPORT)
-    near = int(plan.near[~plan.stays].sum())
-    dropped = {"exact_duplicate": len(plan.removed) - near, "near_duplicate": near}
-    out = ds.select(plan.keep) if len(plan.keep) < ds.num_rows else ds
-    return StageResult(out, dropped, {**plan.stats, **_test_stats(names, codes, plan, cfg), "report": REPORT})
+        return StageResult(ds, {}, {"method": "none", **_test_record(test_rows, 0, 0, cfg)})
+    out, dropped, stats, (removed, copies) = ctx.engine.dedup(ds, cfg, splits, ctx.out_dir / REPORT, dedup_lists)
+    return StageResult(out, dropped, {**stats, **_test_record(test_rows, removed, copies, cfg), "report": REPORT})

@@ -12,26 +12,29 @@ What moves and what stays (the engines differ in how they move data, never in wh
   `save_to_disk(num_shards=blocks)` writes, byte for byte (tested). Plain Ray tasks rather than Ray
   Data's map_batches: Ray Data neither reads a datasets folder through its indices and column
   operations nor writes datasets' layout, and the stage's rows must not come back to the driver.
-- Dedup's facts and strings (ray_dedup.py): per block, a task reads its rows from the stage's files
-  and returns a 128-bit hash of each normalized text and its length; ids and texts are fetched by
-  tasks for only the rows in an exact group or a near cluster (the rank's ties, the report), and
-  rows of one hash group are compared by text, so the plan (dedup.plan_rows, as locally) is exact.
-- Dedup's near-duplicate search, as a map-reduce over Ray tasks (ray_dedup.py chains them,
-  minhash.py does the arithmetic, ray_tasks.py holds the task bodies and the chain's shapes):
-  1. per block of the exact groups' representatives: their texts read and normalized by the task,
-     shingles and signatures (`minhash._sketch_chunk`), band keys (`minhash._band_keys`),
-     hash-partitioned by band key (the shuffle's map side); the sketch stays in the object store;
-  2. per partition: equal (band, key) groups -> candidate pairs, re-partitioned by pair;
-  3. per pair partition: the rows its candidates name, cut out of each block's sketch where the
-     block lies (a second, small join), and the candidates verified with exact Jaccard
-     (`minhash.ShingleSets`) from those rows only: no task receives a whole block's sketch;
-  4. connected components: the verified pairs on the driver with `minhash.union_find` when there are
-     at most `ray.driver_edges` of them, else min-label propagation over the edge shards where they
-     lie (every round: each shard lowers its nodes' labels to their neighbours', the shards' labels
-     are min-reduced and pointer-jumped, until nothing changes; edges never come to the driver);
-  5. the kept row, the report and its similarities (tasks given the sketches of the reported
-     pairs' rows only): dedup.py's order-free rule, as locally.
-  Both give each text the smallest index of its component, so the plan is the local one exactly.
+- Dedup (ray_plan.py, the shuffle in ray_dedup.py; minhash.py does the arithmetic, ray_tasks.py holds
+  the shuffle's task bodies and shapes), a chain of Ray tasks over global row numbers:
+  1. per block: a 128-bit hash of each normalized text, hash-partitioned; per partition, the exact
+     groups (equal hashes, texts compared by the task: a collision never merges two texts), each
+     labelled by its smallest row;
+  2. the near search over each block's rows less the exact copies of smaller rows: signatures and band
+     keys (`minhash._sketch_chunk`, `minhash._band_keys`) hash-partitioned by band key (the sketch stays
+     in the object store), candidate pairs per partition re-partitioned by pair, the rows each pair
+     partition names cut out of each block's sketch where the block lies, the candidates verified with
+     exact Jaccard (`minhash.ShingleSets`) from those rows only: no task receives a whole block's sketch;
+  3. connected components: `minhash.union_find` on the driver over only the verified pairs' endpoints
+     when there are at most `ray.driver_edges` pairs, else min-label propagation over the edge shards
+     where they lie (each round: each shard lowers its nodes' labels to their neighbours', one merge
+     task min-reduces and pointer-jumps them, until nothing changes; the (rows,) label vector lives in
+     the object store and that task, never on the driver);
+  4. a join gives each clustered row its cluster's key (a row), a shuffle by key brings each cluster
+     whole to one task, which reads its rows' id, text and source_split and runs dedup.plan_rows (the
+     local engine's rule) on them, writing its clusters' report lines sorted by kept id; the driver
+     merges those files into clusters.jsonl, streaming; then one task per block writes the block's rows
+     less the removed ones as a shard.
+  A component's label is its smallest row, so the clusters, kept rows and report are the local
+  engine's exactly (tested at 1, 2 and 7 blocks, shuffled, both components methods). A giant
+  component lands whole in one planning task.
 - The leakage check (split): the same shuffle over train + validation/test (the sketch tasks reading
   both sides' rows), keeping only the pairs across the two sides (a band-key join), verified; each
   query's best match chosen as locally; the ids of only the rows with a hit fetched by tasks.
@@ -73,12 +76,13 @@ What still runs on the driver (the process that runs prepare), and what it holds
   and those rows' indices (the rest are written by tasks);
 - the stage folders are written by the tasks (above), so every node must see output_dir (shared
   storage on a cluster; a task that cannot see a stage's file fails naming it in one line);
-- dedup: no text, id or source_split column; fixed-width numpy arrays per row (hash 16 B, length,
-  exact group, kept row, the near labels), the verified pairs up to `ray.driver_edges` (16 B each),
-  and the ids and texts of only the rows in a cluster (dicts); the plan of which row to keep and
-  the report.
-Measured (bench_ray.py --before, quiet machine, bench/RESULTS.md): the Ray dedup's driver peak RSS grows
-340 B per short document (was 744 B; ~30% of that corpus's rows are in a cluster; the local engine ~2.1 KiB).
+- dedup: no text, id or source_split column and no per-row array (tested: the bytes it receives do not
+  grow with the rows): the source_split column's distinct values with their counts, O(blocks x
+  partitions) object refs, counts, the verified pairs when at most `ray.driver_edges` (16 B each; the
+  union-find then over their endpoints only), and clusters.jsonl streamed from the planning tasks' files.
+Measured (bench_ray.py --before, loaded machine, bench/RESULTS.md): the Ray dedup's driver anonymous memory
+grows 25 B per short document (was 215 B; its RSS 123 B, was 332 B, the rest mapped Arrow file pages;
+~half of the 25 B is Ray keeping task returns under 100 KiB in their owner's, the driver's, memory).
 
 A task whose worker dies is rerun by Ray up to `ray.max_retries` times (a rerun map or save task
 writes its shard again from the start); past that the stage fails with `StageFailed` (one line)
@@ -338,10 +342,15 @@ class RayEngine:
         (ray_dedup.cross_duplicates; `find`, the stage's in-process search, is the local engine's)."""
         return ray_dedup.cross_duplicates(self, reference, query, cfg, threshold)
 
-    def plan_dedup(self, ds: Any, cfg: Any, protected: Any, plan_lists: Any = None) -> tuple[Any, Any]:
-        """dedup's plan of `ds` from tasks' fixed-width facts, and the ids and texts (of only the rows
-        in a cluster) its report reads: ray_dedup.plan (`plan_lists`, the in-process plan, is the local engine's)."""
-        return ray_dedup.plan(self, ds, cfg, protected)
+    def dedup(self, ds: Any, cfg: Any, splits: Any, report: Path, local: Any = None) -> tuple:
+        """The dedup stage's work on `ds` (kept rows, drops, stats, test split counts; the report written to
+        `report`), as `local` (dedup.dedup_lists, the local engine's) gives it, by a chain of Ray tasks
+        that leaves no per-row state on the driver (ray_plan.py)."""
+        from pipeline.data import ray_plan
+
+        if not ds.num_rows:
+            return local(ds, cfg, splits, report, 1)
+        return ray_plan.dedup(self, ds, cfg, splits, report)
 
     # ------------------------------------------------------------ split's rows, routed by tasks (ray_split.py)
     def split_rows(self, ds: Any, cfg: Any, split_local: Any = None) -> tuple[dict, bool]:

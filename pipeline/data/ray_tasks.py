@@ -1,9 +1,10 @@
 """The bodies of the Ray engine's tasks (engine_ray.py and ray_dedup.py submit them; they run on Ray workers).
 
 Dedup's shuffle, as ray_dedup._verified_pairs chains them (N texts in `nb` blocks,
-`parts` shuffle partitions, global text indices, block k holding texts starts[k]:starts[k+1]):
-  _sketch_block (per block)       -> its Sketch (stays where it was made) + (band, key, text) triples
-                                     hash-partitioned by band key;
+`parts` shuffle partitions, global text indices, block k holding texts among starts[k]:starts[k+1]):
+  _sketch_block (per block)       -> its Sketch and its rows (stay where they were made) + (band, key,
+                                     text) triples hash-partitioned by band key (dedup sketches the
+                                     rows of a block that are not an exact copy of a smaller row);
   _band_pairs (per band partition) -> candidate pair codes i * N + j, hash-partitioned by pair;
   _pairs_and_rows (per pair part.) -> its distinct pairs (K, 2) and, per block, the rows they name;
   _take_rows (per block)           -> for each pair partition, the sub-sketch of only those rows;
@@ -46,15 +47,17 @@ def as_list(refs: Any) -> list:
     return refs if isinstance(refs, list) else [refs]
 
 
-def _sketch_block(texts: list[str], start: int, cfg: Any, bands: int, rows: int, parts: int, normalized: bool) -> list:
-    """[the block's Sketch, then per partition an (M, 3) uint64 array of (band, key, text index)]."""
+def _sketch_block(texts: list[str], at: np.ndarray, cfg: Any, bands: int, rows: int, parts: int, normalized: bool) -> list:
+    """[the block's Sketch, `at`, then per partition an (M, 3) uint64 array of (band, key, text index)]:
+    `at` (M,) the texts' global indices, ascending (dedup sketches some of a block's rows, so the
+    block's rows travel beside its Sketch: _take_rows maps global rows to sketch positions with it)."""
     sk = minhash._sketch_chunk(texts, cfg.shingle, cfg.ngram, cfg.num_perm, cfg.seed, normalized)
     keys = minhash._band_keys(sk.sig, bands, rows)  # (bands, m)
     band = np.repeat(np.arange(bands, dtype=U64), len(texts))
-    row = np.tile(np.arange(start, start + len(texts), dtype=U64), bands)
+    row = np.tile(np.asarray(at, dtype=U64), bands)
     triples = np.stack([band, keys.ravel(), row], axis=1)
     where = _partition_of(triples[:, 1] ^ triples[:, 0], parts)
-    return [sk, *[triples[where == p] for p in range(parts)]]
+    return [sk, np.asarray(at, dtype=np.int64), *[triples[where == p] for p in range(parts)]]
 
 
 def _band_pairs(n: int, parts: int, split_at: int, *triples: np.ndarray) -> Any:
@@ -98,9 +101,11 @@ def _take(sk: minhash.Sketch, local: np.ndarray) -> minhash.Sketch:
     return minhash.Sketch(sk.sig[local], sk.hashes[minhash._ranges(sk.offsets[local], lengths)], offsets)
 
 
-def _take_rows(sk: minhash.Sketch, start: int, *wanted: np.ndarray) -> Any:
-    """Per consumer, the sub-sketch of the rows (global, ascending) it wants of this block."""
-    return _one_or_list([_take(sk, rows - start) for rows in wanted])
+def _take_rows(sk: minhash.Sketch, at: Any, *wanted: np.ndarray) -> Any:
+    """Per consumer, the sub-sketch of the rows (global, ascending) it wants of this block. `at`: the
+    block's sketched rows (global, ascending; the wanted ones are among them), or an int, the
+    block's first row when every row of it is sketched."""
+    return _one_or_list([_take(sk, rows - at if np.isscalar(at) else np.searchsorted(at, rows)) for rows in wanted])
 
 
 def _concat(parts: tuple) -> minhash.Sketch:
@@ -133,8 +138,9 @@ def _verify(cfg: Any, threshold: float, pairs: np.ndarray, *subs: minhash.Sketch
     return pairs[ok], sim[ok], [len(pairs), int(ok.sum()), sum(sketch_bytes(s) for s in subs)]
 
 
-def _pair_jaccard(pairs: np.ndarray, *subs: minhash.Sketch) -> np.ndarray:
-    return _jaccard_of(np.sort(pairs, axis=1), subs)
+def _first_labels(n: int) -> np.ndarray:
+    """(n,) each node its own label: min-label propagation's start."""
+    return np.arange(n, dtype=np.int64)
 
 
 def _lower_labels(labels: np.ndarray, edges: np.ndarray) -> np.ndarray:

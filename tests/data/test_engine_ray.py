@@ -263,10 +263,10 @@ def test_a_worker_killed_during_dedup_is_rerun_or_fails_the_stage_in_one_line(tm
 def test_a_worker_lost_for_good_leaves_no_complete_stage(tmp_path, ray_cluster, monkeypatch):
     from pipeline.data import engine_ray
 
-    def lost(self, ds, cfg, protected, plan_lists=None):
+    def lost(self, ds, cfg, splits, report, local=None):
         raise engine_ray.StageFailed("dedup on Ray failed: a worker was lost")
 
-    monkeypatch.setattr(engine_ray.RayEngine, "plan_dedup", lost)
+    monkeypatch.setattr(engine_ray.RayEngine, "dedup", lost)
     cfg = load_config(TINY, [f"output_dir={tmp_path}", "prepare.engine=ray"])
     with pytest.raises(engine_ray.StageFailed):
         runner.run(cfg, progress=False)

@@ -1,6 +1,6 @@
-"""Dedup and the leakage check on Ray read no text or id column on the driver (ray_dedup.py): tasks read
-their rows from the stage's files, the driver gets fixed-width facts per row and the strings of only
-the rows in a cluster (leakage: with a hit), and the answer is still the local engine's byte for byte."""
+"""Dedup and the leakage check on Ray read no text or id column on the driver (ray_plan.py, ray_dedup.py):
+tasks read their rows from the stage's files, the driver gets no per-row state (dedup: counts and refs;
+leakage: the hits), and the answer is still the local engine's byte for byte."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from stagecheck import stable
 
 from pipeline.config import DedupConfig, RayConfig, SplitConfig
-from pipeline.data import ray_dedup, split
+from pipeline.data import split
 from pipeline.data.common import StageContext
-from pipeline.data.dedup import REPORT, Strings, dedup, first_of_texts
+from pipeline.data.dedup import REPORT, dedup, first_of_texts
 from pipeline.data.minhash import normalize_text
 
 VOCAB = [f"w{k}" for k in range(4000)]
@@ -121,27 +121,144 @@ def test_ray_dedup_reads_no_column_on_the_driver_and_equals_local(tmp_path, ray_
         assert chain["size"] == 4 and min(r["similarity"] for r in chain["removed"]) < cfg.threshold
 
 
-def test_the_driver_fetches_the_strings_of_only_the_rows_in_a_cluster(tmp_path, ray_cluster):
+def _scaled(units: int) -> tuple[list[str], list[str]]:
+    """`units` x (an unrelated text, one with an exact copy, one with a near copy of it): 5 rows each."""
+    rng = random.Random(units)
+    texts, ids = [], []
+    for u in range(units):
+        a, b = (" ".join(rng.choice(VOCAB) for _ in range(60)) for _ in range(2))
+        near = b.split()
+        near[7] = "q" + near[7][1:]
+        texts += [a, b, b.upper(), " ".join(near), " ".join(rng.choice(VOCAB) for _ in range(60))]
+        ids += [f"s{u:05d}-{k}" for k in range(5)]
+    return texts, ids
+
+
+def _driver_bytes(tmp_path, name: str, units: int, monkeypatch) -> tuple[int, dict]:
+    """Bytes the driver receives from (engine.get) and puts into (ray.put) the object store during a
+    Ray dedup of _scaled(units) with min-label propagation (ray.driver_edges=0); and its drops."""
+    import pickle
+
+    import ray
+
+    from pipeline.data.engine_ray import RayEngine
+
+    texts, ids = _scaled(units)
+    ds = _on_disk(tmp_path, f"in-{name}", texts, ids, [""] * len(texts))
+    engine, moved = RayEngine.connect(RayConfig(blocks=3, driver_edges=0)), [0]
+    real_get, real_put = engine.get, ray.put
+
+    def get(refs, what):
+        value = real_get(refs, what)
+        moved[0] += len(pickle.dumps(value, protocol=5))
+        return value
+
+    def put(value, **kwargs):
+        moved[0] += len(pickle.dumps(value, protocol=5))
+        return real_put(value, **kwargs)
+
+    monkeypatch.setattr(engine, "get", get)
+    monkeypatch.setattr(ray, "put", put)
+    (tmp_path / name).mkdir()
+    result = dedup(ds, CFG, StageContext(out_dir=tmp_path / name, engine=engine))
+    monkeypatch.undo()
+    return moved[0], result.dropped
+
+
+def test_what_the_driver_receives_does_not_grow_with_the_rows(tmp_path, ray_cluster, monkeypatch):
+    """No per-row state on the driver: 4x the rows (and clusters) moves no more bytes between the driver
+    and the object store, beyond a few rounds of propagation (before: 24 B per row of hashes and
+    lengths, then the ids and texts of the clustered rows)."""
+    small, dropped_small = _driver_bytes(tmp_path, "small", 100, monkeypatch)
+    big, dropped_big = _driver_bytes(tmp_path, "big", 400, monkeypatch)
+    assert dropped_small == {"exact_duplicate": 100, "near_duplicate": 100}
+    assert dropped_big == {"exact_duplicate": 400, "near_duplicate": 400}
+    assert big - small < 1500 * 0.5, (small, big)  # under 0.5 B per added row (1,500 of them)
+
+
+def test_clusters_spread_over_blocks_and_partitions_plan_as_one(tmp_path, ray_cluster):
+    """_ties shuffled into 7 blocks: chains A~B~C whose rows lie in 3 blocks and hash to 3 partitions,
+    an exact group (B and its copy) joined in another partition than its cluster's key (the chain's
+    smallest node), protected test rows (a chain's B, an exact copy): the local engine's rows, drops,
+    stats and report."""
+    from pipeline.data import ray_tasks
     from pipeline.data.engine_ray import RayEngine
 
     texts, ids = _ties()
-    ds = _on_disk(tmp_path, "in", texts, ids, [""] * len(texts))
-    plan, strings = RayEngine.connect(RayConfig(blocks=3)).plan_dedup(ds, CFG, None)
-    clustered = set(plan.members.tolist()) | set(plan.kept_of.tolist())
-    assert set(strings.ids) == set(strings.texts) == clustered and strings.fetched == len(clustered)
-    planted = set(range(40)) | set(range(300, len(texts)))  # the originals and their copies: 120 rows
-    assert clustered <= planted and len(clustered) >= 110  # (LSH may miss a link of a chain)
+    splits = ["test" if k in (365, 304) else "train" for k in range(len(texts))]  # chain 35's B; a copy of text 1
+    order = list(range(len(texts)))
+    random.Random(11).shuffle(order)
+    at = {r: p for p, r in enumerate(order)}  # each original row's place in the shuffled input
+    blocks = 7
+    engine = RayEngine.connect(RayConfig(blocks=blocks, driver_edges=0))
+    bounds = engine.block_bounds(len(texts))
+    block = lambda r: next(k for k, (s, e) in enumerate(bounds) if s <= at[r] < e)  # noqa: E731
+    part = lambda key: int(ray_tasks._partition_of(np.array([key]), blocks)[0])  # noqa: E731
+    chains = [(k, 350 + 3 * (k - 30), 351 + 3 * (k - 30), 352 + 3 * (k - 30)) for k in range(30, 40)]  # A, B, C, B's copy
+    assert any(len({part(_hash(texts[r])) for r in c[:3]}) == 3 and len({block(r) for r in c[:3]}) == 3 for c in chains)
+    # B's group is joined where its first (smallest place) lies; the cluster is keyed by its smallest node
+    assert any(part(min(at[b], at[copy])) != part(min(at[a], at[b], at[copy], at[c])) for a, b, c, copy in chains)
+    cfg = DedupConfig(**{**CFG.__dict__, "keep_test_whole": True})
+    outs = {}
+    for name, eng, rows in (("local", None, range(len(texts))), ("ray", engine, order)):
+        (tmp_path / name).mkdir()
+        ds = _on_disk(tmp_path, f"in-{name}", *([v[i] for i in rows] for v in (texts, ids, splits)))
+        result = dedup(ds, cfg, StageContext(out_dir=tmp_path / name, engine=eng))
+        outs[name] = (sorted(result.data["id"][:]), result.dropped, stable(result.stats, VOLATILE),
+                      (tmp_path / name / REPORT).read_bytes())
+    assert outs["ray"] == outs["local"]
+    report = {c["kept"]: c for c in map(json.loads, outs["local"][3].decode().splitlines())}
+    assert report[ids[365]]["size"] == 4 and report[ids[365]]["kept_within_test"] == []  # the test row B is kept
+    assert report[ids[1]]["text"] == texts[304][:200] and len(report[ids[1]]["removed"]) == 3  # the test copy
+    assert outs["local"][2]["test_split"] == {"rows": 2, "removed": 0, "kept_within_test": 0, "kept_whole": True}
 
 
-def test_a_hash_collision_never_merges_different_texts():
-    """Rows whose hashes are made equal on purpose: only those with the same normalized text stay one group."""
-    texts = ["a b", "c d", "A  B", "e f", "C D", "a b "]
-    by_hash = np.zeros(len(texts), dtype=np.int64)  # every row "collides" with row 0
-    assert ray_dedup.verified_first(by_hash, Strings(list("uvwxyz"), texts)).tolist() == [0, 1, 0, 3, 1, 0]
-    assert ray_dedup.verified_first(by_hash, Strings(list("uvwxyz"), texts)).tolist() == first_of_texts(
-        [normalize_text(t) for t in texts]).tolist()
-    h = np.array([[5, 1], [2, 9], [5, 1], [2, 8], [2, 9]], dtype=np.uint64)
-    assert ray_dedup.first_of_hashes(h).tolist() == [0, 1, 0, 3, 1]
+@pytest.mark.parametrize("settings", [{"method": "exact"}, {"verify": False, "shingle": "char", "ngram": 5}])
+def test_exact_method_and_the_estimate_check_on_ray_equal_local(tmp_path, ray_cluster, settings):
+    """method=exact (no near search: every cluster keyed by its exact group's first row) and the MinHash
+    estimate check with character shingles (the report's similarities still exact, from each
+    cluster's own shingles)."""
+    from pipeline.data.engine_ray import RayEngine
+
+    texts, ids = _ties()
+    cfg = DedupConfig(**{**CFG.__dict__, **settings})
+    outs = {}
+    for name, engine in (("local", None), ("ray", RayEngine.connect(RayConfig(blocks=4)))):
+        (tmp_path / name).mkdir()
+        ds = _on_disk(tmp_path, f"in-{name}", texts, ids, [""] * len(texts))
+        result = dedup(ds, cfg, StageContext(out_dir=tmp_path / name, engine=engine))
+        outs[name] = (result.data["id"][:], result.dropped, stable(result.stats, VOLATILE),
+                      (tmp_path / name / REPORT).read_bytes())
+    assert outs["ray"] == outs["local"]
+    dropped = outs["local"][1]
+    # 50 exact copies; with the near search, the 10 copies of a chain's removed B are near ones (as B is)
+    assert dropped["exact_duplicate"] == (50 if cfg.method == "exact" else 40)
+    assert (dropped["near_duplicate"] == 0) == (cfg.method == "exact")
+
+
+def _hash(text: str) -> int:
+    import hashlib
+
+    h = np.frombuffer(hashlib.blake2b(normalize_text(text).encode("utf-8", "surrogatepass"), digest_size=16).digest(),
+                      dtype=np.uint64)
+    return int(h[0] ^ h[1])
+
+
+def test_a_hash_collision_never_merges_different_texts(tmp_path, ray_cluster):
+    """Rows whose hashes are made equal on purpose (the exact-group task given them so): only those with
+    the same normalized text form a group, labelled by its smallest row, as first_of_texts labels it."""
+    from pipeline.data import ray_io, ray_plan
+
+    texts = ["a b", "c d", "A  B", "e f", "C D", "a b ", "g h"]
+    ds = _on_disk(tmp_path, "in", texts, list("uvwxyzq"), [""] * len(texts))
+    triples = np.array([[5, 1, r] for r in range(6)] + [[2, 9, 6]], dtype=np.uint64)  # rows 0-5 "collide"
+    starts = np.array([0, 4, len(texts)])
+    copies, *out = ray_plan._exact_groups(ray_io.pack(ds), starts, 2, triples[4:], triples[:4])
+    per_block, pairs = out[:2], np.concatenate(out[2:])
+    assert copies == 3 and [b.tolist() for b in per_block] == [[2], [4, 5]]
+    assert sorted(map(tuple, pairs.tolist())) == [(0, 0), (0, 2), (0, 5), (1, 1), (1, 4)]
+    first = first_of_texts([normalize_text(t) for t in texts])
+    assert all(first[m] == f for f, m in pairs.tolist())
 
 
 def test_ray_leakage_check_reads_no_column_on_the_driver_and_equals_local(tmp_path, ray_cluster, monkeypatch):
