@@ -20,7 +20,7 @@ and streams the report from the tasks' files; every per-row array lives in a tas
      Jaccard comes from the rows' own shingles, a value that depends on the two texts only), and between
      clusters the report is ordered by (kept id, kept row). Each writes its report lines to a file in
      that order; the driver merges the P files (heapq.merge, O(P) lines in memory) into clusters.jsonl;
-  6. _write_kept (per block): the block's rows less the removed ones, written as one Arrow shard.
+  6. ray_io.drop_rows (per block): the block's rows less the removed ones, written as one Arrow shard.
 Why an exact group's node is its smallest row rather than its best-ranked one (the representative the
 local engine signs): all of a group's rows have one normalized text, hence the same shingles and
 signature, so the near graph's components are the same whichever row stands for the group, and only
@@ -145,23 +145,6 @@ def _plan_clusters(packed: tuple, starts: np.ndarray, cfg: Any, splits: Any, pat
     return [counts, *split_by(removed, _block_of(removed, starts), len(starts) - 1)]
 
 
-def _write_kept(packed: tuple, start: int, end: int, path: str, batch_size: int, *removed: np.ndarray) -> int:
-    """Rows start:end of the packed Dataset less the global rows `removed`, written as one Arrow shard."""
-    from datasets.arrow_writer import ArrowWriter
-
-    ray_io.check_visible(Path(path).parent)
-    ds = ray_io.open_packed(packed)
-    rows = np.setdiff1d(np.arange(start, end), np.concatenate(removed) if removed else [])
-    writer = ArrowWriter(features=ds.features, path=path)
-    try:
-        for table in ds.select(rows).with_format("arrow").iter(batch_size):
-            writer.write_table(table)
-        written, _ = writer.finalize()
-    finally:
-        writer.close()
-    return written
-
-
 # ---------------------------------------------------------------- the driver's side
 
 
@@ -175,20 +158,6 @@ def _merge_reports(paths: list[Path], out: Path) -> None:
     finally:
         for g in files:
             g.close()
-
-
-def _kept_rows(engine: Any, ds: Any, packed: tuple, removed: list) -> Any:
-    """`ds` less the removed rows (removed[k]: refs of block k's), written by tasks as shards in order."""
-    import datasets
-    import ray
-
-    folder, bounds = engine.map_folder(), engine.block_bounds(ds.num_rows)
-    paths = [str(folder / f"shard-{k:05d}.arrow") for k in range(len(bounds))]
-    task = ray.remote(_write_kept).options(**engine.task_options())
-    size = ray_io.writer_batch_size(ds)
-    engine.get([task.remote(packed, s, e, p, size, *removed[k]) for k, ((s, e), p) in enumerate(zip(bounds, paths))],
-               "dedup (writing the kept rows)")
-    return datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths])
 
 
 def _grouped(engine: Any, ds: Any, packed: tuple, parts: int) -> list:
@@ -241,6 +210,6 @@ def dedup(engine: Any, ds: Any, cfg: Any, splits: Any, report: Path) -> tuple:
     _merge_reports(paths, report)
     out = ds
     if exact + near_dropped:
-        out = _kept_rows(engine, ds, packed, [[p[1 + k] for p in planned] for k in range(blocks)])
+        out = ray_io.drop_rows(engine, ds, [[p[1 + k] for p in planned] for k in range(blocks)], "dedup (writing the kept rows)")
     stats = {"method": cfg.method, **near, "clusters": clusters}
     return out, {"exact_duplicate": exact, "near_duplicate": near_dropped}, stats, (test_removed, copies)

@@ -2,7 +2,7 @@
 
 The split of a row is split.py's rule, computed in tasks: the id's hash against the ratios, the
 source's split name, or (stratified) the row's rank by (hash, id, row) within its class. One pass of
-`route_shard` tasks reads a block's rows, computes their codes and writes the rows of each split as
+`ray_io.route_shard` tasks reads a block's rows, computes their codes and writes the rows of each split as
 that split's shard, so a split's Dataset is its shards, memory-mapped, in block order: the rows
 `select(flatnonzero(codes == k))` gives locally, in the same order, with no row index on the driver.
 
@@ -22,7 +22,6 @@ The driver holds per class two thresholds and, for a moment, the histogram and t
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import numpy as np
@@ -48,40 +47,9 @@ def _bucket(u: np.ndarray, buckets: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- task bodies (run on Ray workers)
-def route_shard(packed: tuple, start: int, end: int, rule: Any, drop: list, features: Any, paths: list,
-                batch_size: int) -> list[int]:
-    """Rows start:end of the packed Dataset, read here from its files batch by batch; rule(table, rows)
-    gives each row's code k (rows: their indices in the Dataset; -1: written nowhere) and the row,
-    less the columns `drop`, is written to the shard at paths[k]. Returns the rows of each shard."""
-    import pyarrow as pa
-    from datasets.arrow_writer import ArrowWriter
-
-    ds = ray_io.open_packed(packed)
-    for p in paths:
-        ray_io.check_visible(os.path.dirname(p))
-    writers = [ArrowWriter(features=features, path=p) for p in paths]
-    try:
-        first = start
-        for table in ds.select(range(start, end)).with_format("arrow").iter(batch_size):
-            codes = rule(table, np.arange(first, first + table.num_rows))
-            first += table.num_rows
-            out = table.drop_columns(list(drop))
-            for k, writer in enumerate(writers):
-                writer.write_table(out.filter(pa.array(codes == k)))
-        return [writer.finalize()[0] for writer in writers]
-    finally:
-        for writer in writers:
-            writer.close()
-
-
 def _by_table(table: Any, rows: np.ndarray, codes_of: Any) -> np.ndarray:
     """A rule that needs only the batch (split.py's per-batch code functions)."""
     return codes_of(table)
-
-
-def _unlisted(table: Any, rows: np.ndarray, listed: np.ndarray) -> np.ndarray:
-    """0 for a row not in `listed` (ascending row indices), -1 (dropped) for one in it."""
-    return np.where(np.isin(rows, listed), -1, 0).astype(np.int8)
 
 
 def _bucket_counts(table: Any, keys: Any, buckets: int) -> tuple[np.ndarray, np.ndarray]:
@@ -136,22 +104,6 @@ def _cut_codes(table: Any, rows: np.ndarray, keys: Any, hashes: np.ndarray, ties
 
 
 # ---------------------------------------------------------------- the driver's side
-def route(engine: Any, ds: Any, rule: Any, drop: list, outputs: int, desc: str) -> list:
-    """Per code k < outputs, the rows of `ds` (less `drop`) that rule(table, rows) gives k, in order:
-    one route_shard task per block, each writing one shard per code; the shards, memory-mapped."""
-    import datasets
-    import ray
-
-    features = datasets.Features({k: v for k, v in ds.features.items() if k not in drop})
-    folder, bounds = engine.map_folder(), engine.block_bounds(ds.num_rows)
-    paths = [[str(folder / f"shard-{b:05d}-{k}.arrow") for k in range(outputs)] for b in range(len(bounds))]
-    task = ray.remote(route_shard).options(**engine.task_options())
-    source = ray_io.pack(ds)  # file names, column operations and row indices, not the rows
-    engine.get([task.remote(source, s, e, rule, list(drop), features, p, 1000) for (s, e), p in zip(bounds, paths)],
-               desc)
-    return [datasets.concatenate_datasets([datasets.Dataset.from_file(p[k]) for p in paths]) for k in range(outputs)]
-
-
 def _histogram(engine: Any, ds: Any, keys: Any, classes: int, buckets: int) -> np.ndarray:
     """(classes, buckets) int64 rows per class and hash bucket: a dense histogram per block (from the
     batches' sparse ones), summed by tasks in a tree (FAN_IN at a time), so the driver receives one."""
@@ -221,7 +173,7 @@ def split_rows(engine: Any, ds: Any, cfg: Any) -> tuple[dict, bool]:
         classes = split.label_classes(ds, engine)
         keys = functools.partial(split._hash_and_class, seed=cfg.seed, classes=classes)
         return stratified_rows(engine, ds, keys, len(classes), cuts), False
-    parts = route(engine, ds, functools.partial(_by_table, codes_of=codes_of), ["source_split"], 3, "split")
+    parts = ray_io.route(engine, ds, functools.partial(_by_table, codes_of=codes_of), ["source_split"], 3, "split")
     return dict(zip(split.SPLITS, parts)), share is not None
 
 
@@ -229,12 +181,14 @@ def stratified_rows(engine: Any, ds: Any, keys: Any, classes: int, cuts: tuple[f
     """{split: rows} of a stratified split by keys(table) -> (hashes, class indices): the cuts, then a route."""
     hashes, ties = stratified_cuts(engine, ds, keys, classes, cuts)
     rule = functools.partial(_cut_codes, keys=keys, hashes=hashes, ties=ties)
-    return dict(zip(split.SPLITS, route(engine, ds, rule, ["source_split"], 3, "split")))
+    return dict(zip(split.SPLITS, ray_io.route(engine, ds, rule, ["source_split"], 3, "split")))
 
 
 def drop_rows(engine: Any, ds: Any, rows: list[int]) -> Any:
     """`ds` without `rows` (ascending row indices): a route pass that writes only the others."""
     if not len(rows):
         return ds
-    rule = functools.partial(_unlisted, listed=np.asarray(rows, dtype=np.int64))
-    return route(engine, ds, rule, [], 1, "leakage: the rows kept")[0]
+    import ray
+
+    listed = ray.put(np.asarray(rows, dtype=np.int64))  # every block checks its rows against the one list
+    return ray_io.drop_rows(engine, ds, [[listed]] * len(engine.block_bounds(ds.num_rows)), "leakage: the rows kept")
