@@ -161,6 +161,7 @@ class RayEngine:
     def __init__(self, cfg: RayConfig, started: bool):
         self.cfg, self.started = cfg, started
         self.scratch, self._maps = None, 0  # where maps write their shards (see `stage`), and how many so far
+        self.owned: set[str] = set()  # the StageShards this stage's tasks wrote: `save` may rename them
         self.cpus = max(1, int(_import_ray().cluster_resources().get("CPU", 1)))
 
     @classmethod
@@ -216,12 +217,12 @@ class RayEngine:
     def stage(self, tmp: Path) -> Iterator[None]:
         """While a stage runs in its temporary folder `tmp`: the maps' shards go under it (so every
         node writes where the stage's folder is), and are removed before the folder is renamed."""
-        self.scratch = tmp / SCRATCH
+        self.scratch, self.owned = tmp / SCRATCH, set()
         try:
             yield
         finally:
             shutil.rmtree(self.scratch, ignore_errors=True)
-            self.scratch = None
+            self.scratch, self.owned = None, set()
 
     def map_folder(self) -> Path:
         """A new folder for one map's shards: under the running stage's folder, else a temporary one."""
@@ -255,11 +256,13 @@ class RayEngine:
         source = ray_io.pack(ds)  # file names, column operations and row indices, not the rows
         done = self.get([task.remote(source, s, e, fn, removed, features, p, batch_size, **filtered)
                           for (s, e), p in zip(bounds, paths)], desc)
+        self.owned.update(paths)  # StageShards: what save_to_disk writes for their rows
         return datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths]), [t for _, t in done]
 
     def save(self, data: Any, folder: Path) -> None:
-        """`data` (a Dataset or DatasetDict) written to `folder` as save_to_disk lays it out, each shard
-        by a Ray task from the rows' own files, the metadata by the driver once every shard is written."""
+        """`data` (a Dataset or DatasetDict) written to `folder` as save_to_disk lays it out: a split
+        that is exactly one map's shards by renaming them (`_renamable`), any other each shard by a Ray
+        task from the rows' own files; the metadata by the driver once every shard is in place."""
         import datasets
 
         ray = _import_ray()
@@ -267,17 +270,34 @@ class RayEngine:
         if not isinstance(data, datasets.Dataset):
             ray_io.write_splits(folder, [name for name, _ in splits])
         task = ray.remote(ray_io.save_shard).options(**self.task_options())
-        jobs, written = [], []
+        jobs, written, moves = [], [], []
         for name, ds in splits:
             where = folder / name if name else folder
             where.mkdir(parents=True, exist_ok=True)
+            if (found := self._renamable(ds, where)) is not None:
+                moves.append((found, where))
+                written.append((ds, where, len(found)))
+                continue
             n, size = ray_io.num_shards(ds, self.blocks(ds.num_rows)), ray_io.writer_batch_size(ds)
             packed = ray_io.pack(ds)
             jobs += [task.remote(packed, n, k, str(p), size) for k, p in enumerate(ray_io.shard_paths(where, n))]
             written.append((ds, where, n))
         self.get(jobs, "saving the stage")
+        for found, where in moves:  # after the writes: another split's rows may be read from these files
+            ray_io.rename_shards(found, where)
         for ds, where, n in written:
             ray_io.write_metadata(ds, where, n)
+
+    def _renamable(self, ds: Any, where: Path) -> list | None:
+        """The shards `ds` is exactly the concatenation of, when they are this stage's StageShards on
+        `where`'s filesystem (ray_io.renamable), so renaming them saves `ds` with each row written once;
+        else None. A crash between renames leaves them in the stage's temporary folder, which is never
+        renamed into place."""
+        found = ray_io.renamable(ds, self.owned)
+        if found is None or any(os.stat(p).st_dev != os.stat(where).st_dev for p, _ in found):
+            return None
+        self.owned.difference_update(p for p, _ in found)  # a split naming the same files again is rewritten
+        return found
 
     # ------------------------------------------------------------ load: the sources read by tasks
     def load_source(self, path: Path, cfg: Any, where: str, read_whole: Any = None) -> tuple:
@@ -290,9 +310,12 @@ class RayEngine:
 
     # ------------------------------------------------------------ reductions and filtered maps (issue 15)
     def block_bounds(self, rows: int) -> list[tuple[int, int]]:
-        """(start, end) of each block of contiguous rows, as map_batches cuts them."""
-        bounds = np.linspace(0, rows, self.blocks(rows) + 1).astype(int).tolist()
-        return list(zip(bounds[:-1], bounds[1:]))
+        """(start, end) of each block of contiguous rows, as map_batches cuts them: where datasets'
+        `shard(n, k, contiguous=True)` cuts, so a map's shards are save_to_disk's (ray_io.StageShard)."""
+        n = self.blocks(rows)
+        div, mod = divmod(rows, n)  # datasets' contiguous shard(n, k): the first `mod` blocks one row longer
+        starts = [div * k + min(k, mod) for k in range(n + 1)]
+        return list(zip(starts[:-1], starts[1:]))
 
     def reduce(self, ds: Any, fn: Any, combine: Any, columns: list[str], *, batch_size: int = 10_000,
                desc: str = "reduce") -> Any:

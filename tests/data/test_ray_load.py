@@ -160,3 +160,24 @@ def test_the_driver_never_reads_the_sources_rows(tmp_path, ray_cluster, monkeypa
     assert _load(SourceConfig(**fields), _engine(3), tmp_path) == expected
     with pytest.raises(AssertionError, match="the driver read"):
         _load(SourceConfig(**fields), LocalEngine(), tmp_path)
+
+
+def test_the_id_shuffle_has_the_engines_blocks_of_partitions_not_one_per_part(tmp_path, ray_cluster, monkeypatch):
+    """12 parts on an engine of 3 blocks: 3 key partitions (12 x 3 shuffle outputs, not 12 x 12), and
+    the content ids numbered and the repeated ids found across all 12 parts as one read finds them."""
+    from pipeline.data import ray_load
+
+    seen, real = [], ray_load.key_partitions
+    monkeypatch.setattr(ray_load, "part_count", lambda engine: 12)
+    monkeypatch.setattr(ray_load, "key_partitions", lambda *a: seen.append((a[1], real(*a))) or seen[-1][1])
+    fields = _write(tmp_path, "jsonl", _records())
+    rows = _same(SourceConfig(**fields), 3, tmp_path)[1]
+    assert seen == [(12, 3)] and len(parts.plan_parts(Path(fields["path"]), SourceConfig(**fields), 12)) == 12
+    ids = [r["id"] for r in rows if r["text"].startswith("doc 1 ")]
+    assert ids[0] + "-2" == ids[1] and ids[0] + "-3" == ids[2]
+    records = [{"text": f"t{k}", "id": f"id{k}"} for k in range(50)]
+    records[49]["id"] = records[0]["id"] = "first and last"
+    (path := tmp_path / "ids.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    error = _same(SourceConfig(format="jsonl", path=str(path), label_field="", id_field="id"), 3, tmp_path)
+    assert error[1].startswith(f"{path}: ids in column 'id' (source.id_field) must be unique; 1 repeat: "
+                               f"'first and last' (2 rows)") and seen[-1] == (12, 3)
