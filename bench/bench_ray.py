@@ -210,7 +210,8 @@ def child(job: dict) -> dict:
         else:
             cfg = load_config(None, [f"output_dir={out}", f"prepare.engine={job['engine']}", *job["overrides"]])
             written = count_writes(runner, mem)
-            docs = runner.run(cfg, force=True, progress=False)[0]["rows_out"]
+            report = runner.run(cfg, force=True, progress=False)
+            docs, pairs = report[0]["rows_out"], {"stage_s": {r["stage"]: r["seconds"] for r in report}}
         secs, cpu = time.perf_counter() - t0, mem.cpu_since(mark)
     traffic = getattr(engine, "traffic", {}) if job["what"] == "dedup" else {}
     return {"docs": docs, "seconds": secs, "cpu_s": cpu, "load": os.getloadavg()[0], "startup_s": startup,
@@ -274,8 +275,10 @@ def run(args, tmp: Path) -> list[dict]:
             print(f"  dedup {name} {engine} {workers} ({code}): {r['docs'] / r['seconds']:,.0f} docs/s, "
                   f"{r['cpu_s']:.1f} CPU-s, driver {r['driver_rss'] / 2**20:,.0f} MiB, load {os.getloadavg()[0]:.1f}",
                   file=sys.stderr)
+    runs = [(e, c) for r in range(args.repeat) for e in engines  # every other round in reverse: A B, B A, ...
+            for c in (codes if r % 2 == 0 else codes[::-1])]
     for name, overrides in prepares.items():
-        for (engine, workers), (code, repo) in ((e, c) for e in engines for c in codes):
+        for (engine, workers), (code, repo) in runs:
             job = {"what": "prepare", "engine": engine, "workers": workers, "out": str(tmp / f"prep-{len(rows)}"),
                    "nice": args.child_nice, "repo": repo,
                    "overrides": [*overrides, f"ray.num_cpus={workers}"]}
@@ -318,11 +321,11 @@ def writes_table(rows: list[dict]) -> str:
     """--before with prepares: per code and engine, the whole prepare's docs/s and the bytes each stage
     wrote (MiB, and bytes per input document)."""
     stages = list(dict.fromkeys(s for r in rows for s in r.get("written", {})))
-    lines = ["| code | corpus | engine | docs/s | docs per CPU-s | " + " | ".join(f"{s} MiB (B/doc)" for s in stages)
+    lines = ["| code | corpus | engine | docs/s | docs per CPU-s | " + " | ".join(f"{s} MiB (B/doc), s" for s in stages)
              + " | all MiB | load |", "|---|---|---|---:|---:|" + "---:|" * (len(stages) + 2)]
     for r in (r for r in rows if r["what"] == "prepare" and r.get("written")):
-        w, n = r["written"], r["docs"]
-        cells = [f"{w[s] / 2**20:,.1f} ({w[s] / n:,.0f})" if s in w else "-" for s in stages]
+        w, n, t = r["written"], r["docs"], r.get("stage_s", {})
+        cells = [f"{w[s] / 2**20:,.1f} ({w[s] / n:,.0f}), {t.get(s, 0):.1f}" if s in w else "-" for s in stages]
         lines.append(f"| {r.get('code', 'this checkout')} | {r['corpus']} | {_label(r)} | {n / r['seconds']:,.0f} | "
                      f"{n / r['cpu_s']:,.0f} | " + " | ".join(cells) + f" | {sum(w.values()) / 2**20:,.1f} | "
                      f"{r['load']:.1f} |")
@@ -408,6 +411,9 @@ def main() -> None:
                              "raylet at nice 15 can miss its fixed 30 s start-up wait: run the script at nice 5 "
                              "with --child-nice 0)")
     parser.add_argument("--workers", default="0,1,2", help="engines to run: 0 = local, 1 and 2 = Ray workers")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run each prepare this many times, with --before the two codes' order reversed "
+                             "every other time (a loaded machine's drift falls on both)")
     parser.add_argument("--out", default="", help="also write every measurement as JSON here")
     parser.add_argument("--tables-from", default="",
                         help="print the tables of a JSON that --out wrote, measure nothing")
