@@ -5,10 +5,12 @@ prepare, peak memory of the driver and of the workers, at several corpus sizes.
                                          [--prepare-only | --dedup-only] [--before REV]
                                          [--set KEY=VALUE ...] [--workers 0,1,2] [--out bench/ray.json]
 
---before REV also runs every synthetic dedup with commit REV's code (its tree from `git archive`, each
-measurement its own process) and prints a before/after table of docs/s and the driver's peak RSS (and its
-anonymous part: the RSS less the pages of the memory-mapped Arrow files, which the kernel can drop),
-with its growth per document.
+--before REV also runs every synthetic dedup and every prepare with commit REV's code (its tree from
+`git archive`, each measurement its own process) and prints a before/after table of docs/s and the
+driver's peak RSS (and its anonymous part: the RSS less the pages of the memory-mapped Arrow files,
+which the kernel can drop), with its growth per document. Every prepare also counts the bytes each
+stage wrote (the process tree's write() bytes while the stage ran: its rows, scratch files and stage
+folder) and prints them per stage beside the prepare's docs/s.
 
 Corpora: the embedded tweets (the default config's clean-stage output, 38k rows) and prefixes of one
 synthetic corpus of short documents (12-24 words from a 5,000-word vocabulary; 10% near duplicates
@@ -106,6 +108,20 @@ class TreeMemory:
         with self._lock:
             return sum(v - mark.get(pid, 0.0) for pid, v in self.cpu.items())
 
+    def write_mark(self) -> dict[int, int]:
+        """Bytes each process of the tree has passed to write() so far (/proc/<pid>/io wchar: files,
+        pipes; not mmap'd pages): a stage's own bytes are the growth between two marks (a process that
+        exits between them loses its count; Ray's workers live for the whole prepare)."""
+        import psutil
+
+        out = {}
+        for p in [self.me, *self.me.children(recursive=True)]:
+            try:
+                out[p.pid] = p.io_counters().write_chars
+            except psutil.Error:
+                pass
+        return out
+
     def _run(self) -> None:
         k = 0
         while not self._stop.is_set():
@@ -177,10 +193,8 @@ def write_csv(texts: list[str], path: Path) -> list[str]:
 
 def child(job: dict) -> dict:
     """Time one dedup or one prepare with one engine; its memory peaks and (Ray) the shuffle's bytes."""
-    if job.get("repo"):  # --before: the dedup of another commit's tree, in this driver and in Ray's workers
-        sys.path.insert(0, job["repo"])
-        os.environ["PYTHONPATH"] = job["repo"]  # what start_local hands the workers, after the tree's root
-        os.chdir(job["repo"])  # Ray puts the driver's working directory first on its workers' sys.path
+    if job.get("repo"):  # --before: another commit's tree, ahead of this checkout's (measure() runs the child
+        sys.path.insert(0, job["repo"])  # in that tree, with it as PYTHONPATH, for Ray's workers)
     from pipeline.config import DedupConfig, RayConfig, load_config
     from pipeline.data import engine_ray, runner
     from pipeline.data.common import StageContext
@@ -203,16 +217,38 @@ def child(job: dict) -> dict:
             docs, pairs = ds.num_rows, {k: stats[k] for k in ("candidate_pairs", "verified_pairs")}
         else:
             cfg = load_config(None, [f"output_dir={out}", f"prepare.engine={job['engine']}", *job["overrides"]])
-            docs = runner.run(cfg, force=True, progress=False)[0]["rows_out"]
+            written = count_writes(runner, mem)
+            report = runner.run(cfg, force=True, progress=False)
+            docs, pairs = report[0]["rows_out"], {"stage_s": {r["stage"]: r["seconds"] for r in report}}
         secs, cpu = time.perf_counter() - t0, mem.cpu_since(mark)
     traffic = getattr(engine, "traffic", {}) if job["what"] == "dedup" else {}
     return {"docs": docs, "seconds": secs, "cpu_s": cpu, "load": os.getloadavg()[0], "startup_s": startup,
-            **mem.peak, "traffic": traffic, **pairs}
+            **mem.peak, "traffic": traffic, **pairs, **({"written": written} if job["what"] == "prepare" else {})}
+
+
+def count_writes(runner, mem: TreeMemory) -> dict[str, int]:
+    """{stage: bytes the process tree wrote while it ran}, filled in as prepare runs each stage (the
+    runner's `_run_stage` wrapped: a stage's rows, its folder, its scratch files, its temporaries)."""
+    written, real = {}, runner._run_stage
+
+    def counted(stage, *args, **kwargs):
+        mark = mem.write_mark()
+        try:
+            return real(stage, *args, **kwargs)
+        finally:
+            now = mem.write_mark()
+            written[stage.name] = sum(v - mark.get(pid, 0) for pid, v in now.items())
+
+    runner._run_stage = counted
+    return written
 
 
 def measure(job: dict) -> dict:
-    cmd = ["nice", "-n", str(job.get("nice", 10)), sys.executable, __file__, "--child", json.dumps(job)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    cmd = ["nice", "-n", str(job.get("nice", 10)), sys.executable, str(Path(__file__).resolve()), "--child",
+           json.dumps(job)]
+    code = job.get("repo") or str(REPO)  # the tree whose `pipeline` the child and its Ray workers import (Ray
+    # puts the driver's working directory on its workers' path, ahead of PYTHONPATH)
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=code, env={**os.environ, "PYTHONPATH": code})
     if done.returncode:
         sys.exit(f"{job['what']} {job['engine']} {job['workers']} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -247,14 +283,17 @@ def run(args, tmp: Path) -> list[dict]:
             print(f"  dedup {name} {engine} {workers} ({code}): {r['docs'] / r['seconds']:,.0f} docs/s, "
                   f"{r['cpu_s']:.1f} CPU-s, driver {r['driver_rss'] / 2**20:,.0f} MiB, load {os.getloadavg()[0]:.1f}",
                   file=sys.stderr)
+    runs = [(e, c) for r in range(args.repeat) for e in engines  # every other round in reverse: A B, B A, ...
+            for c in (codes if r % 2 == 0 else codes[::-1])]
     for name, overrides in prepares.items():
-        for engine, workers in engines:
+        for (engine, workers), (code, repo) in runs:
             job = {"what": "prepare", "engine": engine, "workers": workers, "out": str(tmp / f"prep-{len(rows)}"),
-                   "nice": args.child_nice,
+                   "nice": args.child_nice, "repo": repo,
                    "overrides": [*overrides, f"ray.num_cpus={workers}"]}
-            rows.append({"what": "prepare", "corpus": name, "engine": engine, "workers": workers, **measure(job)})
-            print(f"  prepare {name} {engine} {workers}: {rows[-1]['docs'] / rows[-1]['seconds']:,.0f} docs/s",
-                  file=sys.stderr)
+            rows.append({"what": "prepare", "corpus": name, "engine": engine, "workers": workers, "code": code,
+                         **measure(job)})
+            print(f"  prepare {name} {engine} {workers} ({code}): {rows[-1]['docs'] / rows[-1]['seconds']:,.0f} "
+                  f"docs/s, load {os.getloadavg()[0]:.1f}", file=sys.stderr)
     return rows
 
 
@@ -284,6 +323,21 @@ def before_after_table(rows: list[dict]) -> str:
             lines.append(f"| {code} | {label} | {r['docs']:,} | {r['docs'] / r['seconds']:,.0f} | "
                          f"{r['docs'] / r['cpu_s']:,.0f} | {r['driver_rss'] / 2**20:,.0f} | {slope['driver_rss']:,.0f} | "
                          f"{r.get('driver_anon', 0) / 2**20:,.0f} | {slope['driver_anon']:,.0f} | {r['load']:.1f} |")
+    return "\n".join(lines)
+
+
+def writes_table(rows: list[dict]) -> str:
+    """--before with prepares: per code and engine, the whole prepare's docs/s and the bytes each stage
+    wrote (MiB, and bytes per input document)."""
+    stages = list(dict.fromkeys(s for r in rows for s in r.get("written", {})))
+    lines = ["| code | corpus | engine | docs/s | docs per CPU-s | " + " | ".join(f"{s} MiB (B/doc), s" for s in stages)
+             + " | all MiB | load |", "|---|---|---|---:|---:|" + "---:|" * (len(stages) + 2)]
+    for r in (r for r in rows if r["what"] == "prepare" and r.get("written")):
+        w, n, t = r["written"], r["docs"], r.get("stage_s", {})
+        cells = [f"{w[s] / 2**20:,.1f} ({w[s] / n:,.0f}), {t.get(s, 0):.1f}" if s in w else "-" for s in stages]
+        lines.append(f"| {r.get('code', 'this checkout')} | {r['corpus']} | {_label(r)} | {n / r['seconds']:,.0f} | "
+                     f"{n / r['cpu_s']:,.0f} | " + " | ".join(cells) + f" | {sum(w.values()) / 2**20:,.1f} | "
+                     f"{r['load']:.1f} |")
     return "\n".join(lines)
 
 
@@ -366,6 +420,9 @@ def main() -> None:
                              "raylet at nice 15 can miss its fixed 30 s start-up wait: run the script at nice 5 "
                              "with --child-nice 0)")
     parser.add_argument("--workers", default="0,1,2", help="engines to run: 0 = local, 1 and 2 = Ray workers")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run each prepare this many times, with --before the two codes' order reversed "
+                             "every other time (a loaded machine's drift falls on both)")
     parser.add_argument("--out", default="", help="also write every measurement as JSON here")
     parser.add_argument("--tables-from", default="",
                         help="print the tables of a JSON that --out wrote, measure nothing")
@@ -379,8 +436,11 @@ def main() -> None:
         rows = json.loads(Path(args.tables_from).read_text(encoding="utf-8"))
         now = [r for r in rows if r.get("code", "this checkout") == "this checkout"]
         print("\n\n".join(part(now) for part in (speed_table, memory_table, fit_table, traffic_table)))
-        if any(r.get("code", "this checkout") != "this checkout" for r in rows):
-            print("\n" + before_after_table([r for r in rows if r["corpus"].startswith("synthetic")]))
+        if any(r.get("code", "this checkout") != "this checkout" for r in rows if r["what"] == "dedup"):
+            print("\n" + before_after_table([r for r in rows if r["what"] == "dedup" and
+                                             r["corpus"].startswith("synthetic")]))
+        if any(r.get("written") for r in rows):
+            print("\n" + writes_table(rows))
         return
     started, load = time.time(), os.getloadavg()
     rows = run(args, Path(tempfile.mkdtemp(prefix="bench_ray_")))
@@ -391,8 +451,11 @@ def main() -> None:
     now = [r for r in rows if r.get("code", "this checkout") == "this checkout"]
     for part in (speed_table, memory_table, fit_table, traffic_table):
         print(part(now), end="\n\n")
-    if args.before:
-        print(before_after_table([r for r in rows if r["corpus"].startswith("synthetic")]), end="\n\n")
+    if args.before and any(r["what"] == "dedup" for r in rows):
+        print(before_after_table([r for r in rows if r["what"] == "dedup" and r["corpus"].startswith("synthetic")]),
+              end="\n\n")
+    if any(r.get("written") for r in rows):
+        print(writes_table(rows), end="\n\n")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1), encoding="utf-8")
 

@@ -55,11 +55,15 @@ class LocalEngine:
                    **kwargs: Any) -> tuple[Any, Any]:
         """(`ds` mapped by `fn` as `map_batches` maps it, less the rows where keep(table) is false and
         less the columns `drop`; combine([tally(table)])), `keep` and `tally` given the mapped rows as
-        a pyarrow Table: an in-memory Arrow filter of the mapped table, here."""
+        a pyarrow Table: an in-memory Arrow filter of the mapped table, here. keep=None keeps every row:
+        the mapped Dataset itself less `drop` (datasets drops them lazily; nothing is copied)."""
         import datasets
 
-        table = self.map_batches(ds, fn, added, **kwargs).with_format("arrow")[:]
+        mapped = self.map_batches(ds, fn, added, **kwargs)
+        table = mapped.with_format("arrow")[:]
         partial = combine([tally(table)])
+        if keep is None:
+            return mapped.remove_columns(drop) if drop else mapped, partial
         return datasets.Dataset(table.filter(keep(table)).drop_columns(drop)), partial
 
     @staticmethod

@@ -240,9 +240,8 @@ def encode(dd, cfg: TokenizeConfig, ctx: StageContext) -> StageResult:
     result = {}
     stats = {"kind": cfg.kind, "vocab_size": tok.get_vocab_size(), "max_length": cfg.max_length,
              "truncation": cfg.truncation, **({"head_tokens": head} if head else {})}
-    for s in SPLITS:
-        mapped = ctx.engine.map_batches(dd[s], enc, encoded, batch_size=1000, desc=f"tokenize {s}")
-        stats[s] = stats_of(ctx.engine.reduce(mapped, _length_counts, add_up, ["length", "truncated"],
-                                              desc=f"token lengths {s}"))
-        result[s] = mapped.remove_columns("truncated")
+    for s in SPLITS:  # one pass: the rows tokenized and their lengths tallied; `truncated` only counted, not kept
+        result[s], tally = ctx.engine.map_filter(dd[s], enc, encoded, None, drop=["truncated"], tally=_length_counts,
+                                                 combine=add_up, batch_size=1000, desc=f"tokenize {s}")
+        stats[s] = stats_of(tally)
     return StageResult(DatasetDict(result), {}, stats)

@@ -5,11 +5,14 @@ What moves and what stays (the engines differ in how they move data, never in wh
   the local engine hands to `datasets.map`, runs in Ray tasks, one per block of `ray.blocks` contiguous
   rows (ray_io.py): each task reads its rows from the stage's files itself (a memory-mapped Dataset
   pickles as its file names, column operations and row indices, not as rows) and writes them, mapped
-  and cast to the local engine's features, as one Arrow shard under the stage's temporary folder;
-  the map's result is those shards, memory-mapped, in order. The stage folder itself is written the
-  same way (`save`): one shard per task, datasets' own shard writer, then the driver writes only
-  state.json and dataset_info.json (and dataset_dict.json), so the folder is what
-  `save_to_disk(num_shards=blocks)` writes, byte for byte (tested). Plain Ray tasks rather than Ray
+  and cast to the local engine's features, as one Arrow shard under the stage's temporary folder,
+  as save_to_disk's shard writer writes one (ray_io.StageShard; blocks cut as datasets' shard()
+  cuts); the map's result is those shards, memory-mapped, in order. `save`: a split that is exactly
+  one map's shards (clean, split's chunks, label, tokenize, load) takes them by a rename (each row
+  written once); any other (a select, pending column operations) is written by a task per shard
+  with datasets' own shard writer; the driver writes only state.json and dataset_info.json (and
+  dataset_dict.json). Each file is byte for byte what save_to_disk writes for its rows, the folder
+  `save_to_disk(num_shards=blocks)`'s where the blocks are even (tested). Plain Ray tasks rather than Ray
   Data's map_batches: Ray Data neither reads a datasets folder through its indices and column
   operations nor writes datasets' layout, and the stage's rows must not come back to the driver.
 - Dedup (ray_plan.py, the shuffle in ray_dedup.py; minhash.py does the arithmetic, ray_tasks.py holds
@@ -51,9 +54,10 @@ What moves and what stays (the engines differ in how they move data, never in wh
 - Load (ray_load.py): the source read in parts (parts.py: byte ranges at line starts, a quoted CSV's
   at record starts found by quote parity, row groups, a label folder's files, a hub split's row
   ranges) by tasks that run the local engine's reader and write the rows as Arrow
-  files; ids numbered and checked across parts by a shuffle of fixed-width keys; the driver adds up
-  the parts' counts and facts by the rules of one whole read (sources.settle). The stage's rows are
-  the tasks' shards, memory-mapped, as a map's are.
+  files; ids numbered and checked across parts by a shuffle of fixed-width keys (min(parts, blocks)
+  partitions); the driver adds up the parts' counts and facts by the rules of one whole read
+  (sources.settle). The stage's rows are the last round's StageShards, renamed into the stage
+  folder: each row written twice in all (round 1's file, the shard).
 
 What still runs on the driver (the process that runs prepare), and what it holds:
 - load: the parts' plan (cut points, a CSV's quote count and first line starts per range, row group
@@ -64,9 +68,9 @@ What still runs on the driver (the process that runs prepare), and what it holds
   quote inside an unquoted value, say) is read by one task;
 - clean, label, tokenize: none of their rows or columns. The driver receives per block the drop
   counts (clean), the class names found with their counts and first 3 ids each (label), a
-  histogram of token lengths (tokenize); it keeps memory-mapped views of the shards the tasks wrote
-  and the column operations datasets replays lazily (tokenize's remove_columns); with
-  label.unknown=drop, the kept rows' count per block. One exception: training a tokenizer reads the
+  histogram of token lengths (tokenize, tallied in the map tasks, which drop its `truncated` column);
+  it keeps memory-mapped views of the shards the tasks wrote; with label.unknown=drop, the kept rows'
+  count per block. One exception: training a tokenizer reads the
   train texts here (the tokenizers trainer; a sample would not give the local tokenizer);
 - split: no per-row array. The distinct source split names (or labels: the classes), each block's
   row count per split, memory-mapped views of the shards; stratified, one histogram of classes x
@@ -86,7 +90,8 @@ grows 25 B per short document (was 215 B; its RSS 123 B, was 332 B, the rest map
 
 A task whose worker dies is rerun by Ray up to `ray.max_retries` times (a rerun map or save task
 writes its shard again from the start); past that the stage fails with `StageFailed` (one line)
-and, since its folder is only renamed into place when complete, nothing of it is taken as done.
+and, since its folder is only renamed into place when complete, nothing of it is taken as done
+(nor when prepare dies between two of `save`'s renames: the shards lie in that temporary folder).
 """
 
 from __future__ import annotations
@@ -174,6 +179,7 @@ class RayEngine:
     def __init__(self, cfg: RayConfig, started: bool):
         self.cfg, self.started = cfg, started
         self.scratch, self._maps = None, 0  # where maps write their shards (see `stage`), and how many so far
+        self.owned: set[str] = set()  # the StageShards this stage's tasks wrote: `save` may rename them
         self.cpus = max(1, int(_import_ray().cluster_resources().get("CPU", 1)))
 
     @classmethod
@@ -229,12 +235,12 @@ class RayEngine:
     def stage(self, tmp: Path) -> Iterator[None]:
         """While a stage runs in its temporary folder `tmp`: the maps' shards go under it (so every
         node writes where the stage's folder is), and are removed before the folder is renamed."""
-        self.scratch = tmp / SCRATCH
+        self.scratch, self.owned = tmp / SCRATCH, set()
         try:
             yield
         finally:
             shutil.rmtree(self.scratch, ignore_errors=True)
-            self.scratch = None
+            self.scratch, self.owned = None, set()
 
     def map_folder(self) -> Path:
         """A new folder for one map's shards: under the running stage's folder, else a temporary one."""
@@ -268,11 +274,14 @@ class RayEngine:
         source = ray_io.pack(ds)  # file names, column operations and row indices, not the rows
         done = self.get([task.remote(source, s, e, fn, removed, features, p, batch_size, **filtered)
                           for (s, e), p in zip(bounds, paths)], desc)
+        self.owned.update(paths)  # StageShards: what save_to_disk writes for their rows
         return datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths]), [t for _, t in done]
 
     def save(self, data: Any, folder: Path) -> None:
-        """`data` (a Dataset or DatasetDict) written to `folder` as save_to_disk lays it out, each shard
-        by a Ray task from the rows' own files, the metadata by the driver once every shard is written."""
+        """`data` (a Dataset or DatasetDict) written to `folder` as save_to_disk lays it out: a split
+        that is exactly one map's shards by renaming them (ray_io.renamable; a crash between renames
+        leaves them in the stage's temporary folder, never renamed into place), any other each shard
+        by a Ray task from the rows' own files; the metadata by the driver once every shard is in place."""
         import datasets
 
         ray = _import_ray()
@@ -280,15 +289,22 @@ class RayEngine:
         if not isinstance(data, datasets.Dataset):
             ray_io.write_splits(folder, [name for name, _ in splits])
         task = ray.remote(ray_io.save_shard).options(**self.task_options())
-        jobs, written = [], []
+        jobs, written, moves = [], [], []
         for name, ds in splits:
             where = folder / name if name else folder
             where.mkdir(parents=True, exist_ok=True)
+            if (found := ray_io.renamable(ds, self.owned, where)) is not None:  # each row written once
+                self.owned.difference_update(p for p, _ in found)  # a split naming them again is rewritten
+                moves.append((found, where))
+                written.append((ds, where, len(found)))
+                continue
             n, size = ray_io.num_shards(ds, self.blocks(ds.num_rows)), ray_io.writer_batch_size(ds)
             packed = ray_io.pack(ds)
             jobs += [task.remote(packed, n, k, str(p), size) for k, p in enumerate(ray_io.shard_paths(where, n))]
             written.append((ds, where, n))
         self.get(jobs, "saving the stage")
+        for found, where in moves:  # after the writes: another split's rows may be read from these files
+            ray_io.rename_shards(found, where)
         for ds, where, n in written:
             ray_io.write_metadata(ds, where, n)
 
@@ -303,9 +319,12 @@ class RayEngine:
 
     # ------------------------------------------------------------ reductions and filtered maps (issue 15)
     def block_bounds(self, rows: int) -> list[tuple[int, int]]:
-        """(start, end) of each block of contiguous rows, as map_batches cuts them."""
-        bounds = np.linspace(0, rows, self.blocks(rows) + 1).astype(int).tolist()
-        return list(zip(bounds[:-1], bounds[1:]))
+        """(start, end) of each block of contiguous rows, as map_batches cuts them: where datasets'
+        `shard(n, k, contiguous=True)` cuts, so a map's shards are save_to_disk's (ray_io.StageShard)."""
+        n = self.blocks(rows)
+        div, mod = divmod(rows, n)  # datasets' contiguous shard(n, k): the first `mod` blocks one row longer
+        starts = [div * k + min(k, mod) for k in range(n + 1)]
+        return list(zip(starts[:-1], starts[1:]))
 
     def reduce(self, ds: Any, fn: Any, combine: Any, columns: list[str], *, batch_size: int = 10_000,
                desc: str = "reduce") -> Any:

@@ -67,22 +67,18 @@ def map_shard(packed: tuple, start: int, end: int, fn: Any, removed: list, featu
     """Rows start:end of the packed Dataset, read here from its files, mapped by `fn` batch by batch
     as `datasets.map(batched=True)` maps them (`features`: the mapped rows'), written as one Arrow shard
     at `path`: (its row count, combine of tally(table) over the mapped batches, or None). With `keep`
-    (map_filter): only the rows where keep(table) holds are written, less the columns `drop`."""
+    (map_filter): only the rows where keep(table) holds are written; always less the columns `drop`."""
     from datasets import Features
-    from datasets.arrow_writer import ArrowWriter
 
     ds = _unpack(packed, path)
     schema, partials = features.arrow_schema, []
-    writer = ArrowWriter(features=Features({k: v for k, v in features.items() if k not in drop}), path=path)
-    try:
+    with StageShard(Features({k: v for k, v in features.items() if k not in drop}), path) as writer:
         for table in ds.select(range(start, end)).with_format("arrow").iter(batch_size):
             out = apply_batch(table, fn, removed, schema)
             if tally is not None:
                 partials.append(tally(out))
-            writer.write_table(out.filter(keep(out)).drop_columns(list(drop)) if keep is not None else out)
-        rows, _ = writer.finalize()
-    finally:
-        writer.close()
+            writer.write((out.filter(keep(out)) if keep is not None else out).drop_columns(list(drop)))
+        rows = writer.finish()
     return rows, combine(partials) if combine is not None else None
 
 
@@ -225,3 +221,99 @@ def drop_rows(engine: Any, ds: Any, removed: list, desc: str) -> Any:
     """`ds` less the rows `removed` names (removed[b]: block b's arrays of row indices, or refs to them),
     written by a route pass: the others, in order."""
     return route(engine, ds, _unlisted, [], 1, desc, removed)[0]
+
+
+# ---------------------------------------------------------------- shards renamed into the stage folder (each row written once)
+WRITE_BATCH = 1000  # datasets.config.DEFAULT_MAX_BATCH_SIZE: the record batch save_to_disk writes, unless the
+# rows average over MAX_ROW_GROUP_SIZE / 1000 = 100 kB (then `writer_batch_size` is smaller and `save` rewrites)
+
+
+class StageShard:
+    """An Arrow shard written as `Dataset._save_to_disk_single` writes one, however its rows arrive:
+    datasets' ArrowWriter with the same settings (the features' schema and metadata, embed_local_files),
+    fed record batches of exactly WRITE_BATCH rows (the last one shorter), each written alone as
+    save_to_disk writes each `iter(writer_batch_size)` table. So a map's shard is, byte for byte, the
+    file save_to_disk writes for the same rows, and the stage folder can take it by a rename."""
+
+    def __init__(self, features: Any, path: str):
+        from datasets.arrow_writer import ArrowWriter
+
+        self.writer = ArrowWriter(features=features, path=path, embed_local_files=True)
+        self.pending: list = []  # tables not yet written: fewer than WRITE_BATCH rows in all
+
+    def __enter__(self) -> StageShard:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.writer.close()
+
+    def write(self, table: Any) -> None:
+        import pyarrow as pa
+
+        self.pending.append(table)
+        rows = sum(t.num_rows for t in self.pending)
+        if rows < WRITE_BATCH:
+            return
+        whole, cut = pa.concat_tables(self.pending), rows - rows % WRITE_BATCH
+        for start in range(0, cut, WRITE_BATCH):
+            self.writer.write_table(whole.slice(start, WRITE_BATCH))
+        self.pending = [whole.slice(cut)] if cut < rows else []
+
+    def finish(self) -> int:
+        """Write what is pending, close the file; the rows written."""
+        import pyarrow as pa
+
+        if self.pending and (rest := pa.concat_tables(self.pending)).num_rows:
+            self.writer.write_table(rest)
+        return self.writer.finalize()[0]
+
+
+def renamable(ds: Any, owned: set[str], folder: Path) -> list[tuple[str, int]] | None:
+    """[(file, rows)] of the shards `ds` is exactly the concatenation of, when each is a StageShard
+    this stage's tasks wrote (`owned`) on `folder`'s filesystem whose header is the one save_to_disk
+    writes for `ds`, and `ds` reads them as they lie (no row indices, no column operations: datasets'
+    own schema-metadata replay only), at save_to_disk's record batch size and within its 500 MB per
+    shard: renaming them into `folder` saves `ds`. Else None."""
+    from datasets import config
+    from datasets.table import ConcatenationTable, MemoryMappedTable
+
+    t = ds.data
+    blocks = [[t]] if isinstance(t, MemoryMappedTable) else getattr(t, "blocks", None) if isinstance(
+        t, ConcatenationTable) else None
+    if ds._indices is not None or not blocks or any(len(row) != 1 for row in blocks):
+        return None
+    tables = [row[0] for row in blocks]
+    if not all(isinstance(b, MemoryMappedTable) and b.path in owned and
+               all(op[0] == "replace_schema_metadata" for op in b.replays) for b in tables):
+        return None
+    found = [(b.path, b.num_rows) for b in tables if b.num_rows]
+    if len({p for p, _ in found}) < len(found) or writer_batch_size(ds) != WRITE_BATCH:
+        return None
+    header, device = _save_header(ds), os.stat(folder).st_dev
+    if len(found) < num_shards(ds, 1) or not all(os.stat(p).st_dev == device and
+                                                 _header(p).equals(header, check_metadata=True) for p, _ in found):
+        return None
+    return found
+
+
+def _header(path: str) -> Any:
+    import pyarrow as pa
+
+    with pa.memory_map(path) as f:
+        return pa.ipc.open_stream(f).schema
+
+
+def _save_header(ds: Any) -> Any:
+    """The schema, with datasets' metadata, that save_to_disk's ArrowWriter writes for `ds`."""
+    from datasets import DatasetInfo
+    from datasets.arrow_writer import ArrowWriter
+
+    return ds.features.arrow_schema.with_metadata(ArrowWriter._build_metadata(DatasetInfo(features=ds.features)))
+
+
+def rename_shards(found: list[tuple[str, int]], folder: Path) -> int:
+    """The shards moved into `folder` under save_to_disk's names, in order; how many (the folder's
+    metadata is written after, by the driver, as for shards written in place)."""
+    for (path, _), target in zip(found, shard_paths(folder, len(found))):
+        os.rename(path, target)
+    return len(found)

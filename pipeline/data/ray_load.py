@@ -12,17 +12,22 @@ Four rounds of tasks; the driver receives counts and the few facts that make the
      with the line reader (as one read of the whole file would have been); a CSV part whose quotes
      the parity rule does not model sends the file back to be read as one part. sources.settle then
      raises the error one read would raise first and says how many rows of each part max_rows keeps.
-  2. finish, per part: sources.finish_rows (the first rows max_rows keeps, strings, empty texts,
-     split names), then a fixed-width key per row: the content hash (the content id's 16 hex digits,
-     as 8 bytes) or a 128-bit BLAKE2b of the id column's value, with the row's (part, row), hash-
-     partitioned (the shuffle's map side); the driver gets (rows, empty texts, empty ids) per part.
+  2. keys, per part: sources.finish_rows on round 1's file (the first rows max_rows keeps, strings,
+     empty texts, split names), then a fixed-width key per row: the content hash (the content id's 16
+     hex digits, as 8 bytes) or a 128-bit BLAKE2b of the id column's value, with the row's (part, row),
+     hash-partitioned into `key_partitions` partitions (the engine's blocks of the rows, at most the
+     parts: parts x partitions outputs, not parts x parts); the driver gets (rows, empty texts, empty
+     ids) per part. Nothing is written: round 4 applies the same rules to the same file again.
   3. copies, per key partition: equal keys in (part, row) order: a content id's copies numbered
      2, 3, ... (`sources.copy_id`), sent to their parts; repeated ids counted, with the first five by
-     first occurrence (the driver reads those five ids from round 2's files for the one-line error).
-  4. write, per part: ids numbered, the sample (sources.finish_table), one Arrow shard.
-The stage's rows are those shards, memory-mapped, in order; the runner's `save` then writes the stage
-folder from them, shard by shard, by tasks. Everything lies in the stage's temporary folder, so a
-failed load leaves nothing that a later run takes for complete.
+     first occurrence (tasks read those five ids from round 1's files for the one-line error).
+  4. write, per part: round 2's rows again, ids numbered, the sample (sources.finish_table), written
+     as the stage folder's shard (ray_io.StageShard).
+The stage's rows are those shards, memory-mapped, in order; the runner's `save` renames them into the
+stage folder. So each row is written twice in all, round 1's file and the final shard (was four
+times: round 1's, 2's and 4's files, then the stage folder's copy of them), and the disk holds at
+most those two copies. Everything lies in the stage's temporary folder, so a failed load leaves
+nothing that a later run takes for complete.
 """
 
 from __future__ import annotations
@@ -48,27 +53,34 @@ def load(engine: Any, path: Path, cfg: Any, where: str) -> tuple:
     pieces = parts.plan_parts(path, cfg, part_count(engine))
     pieces, facts = _read(engine, ray, path, cfg, pieces, folder)
     limits, bad, rows_read = sources.settle(facts, cfg, where)
-    n = len(pieces)
+    n, raws = len(pieces), [str(folder / f"raw-{k:05d}.arrow") for k in range(len(pieces))]
     by_id = bool(cfg.id_field) or cfg.format == "folder"
-    finish = ray.remote(_finish_part).options(num_returns=1 + n, **engine.task_options())
-    finished = [as_list(finish.remote(str(folder / f"raw-{k:05d}.arrow"), cfg, where, limits[k], k, n, by_id,
-                                       str(folder / f"rows-{k:05d}.arrow"))) for k in range(n)]
+    keys = key_partitions(engine, n, sum(limits))
+    finish = ray.remote(_finish_part).options(num_returns=1 + keys, **engine.task_options())
+    finished = [as_list(finish.remote(raws[k], cfg, where, limits[k], k, keys, by_id)) for k in range(n)]
     counts = engine.get([f[0] for f in finished], "load (the rows' rules)")
-    _remove(folder, "raw")  # read by round 2: the disk holds each row at most twice from here on
     if blank := sum(c[2] for c in counts):
         raise sources.blank_ids_error(blank, cfg, where)
     copies = ray.remote(_copies).options(num_returns=1 + n, **engine.task_options())
-    grouped = [as_list(copies.remote(n, by_id, *[f[1 + p] for f in finished])) for p in range(n)]
+    grouped = [as_list(copies.remote(n, by_id, *[f[1 + p] for f in finished])) for p in range(keys)]
     if by_id:
-        _check_repeats(engine, [g[0] for g in grouped], folder, cfg, where)
+        _check_repeats(engine, [g[0] for g in grouped], raws, limits, cfg, where)
     write = ray.remote(_write_part).options(**engine.task_options())
     paths = [str(folder / f"part-{k:05d}.arrow") for k in range(n)]
-    written = engine.get([write.remote(str(folder / f"rows-{k:05d}.arrow"), cfg, paths[k],
-                                        *[g[1 + k] for g in grouped]) for k in range(n)], "load (writing the rows)")
-    _remove(folder, "rows")
+    written = engine.get([write.remote(raws[k], cfg, where, limits[k], by_id, paths[k], *[g[1 + k] for g in grouped])
+                          for k in range(n)], "load (writing the rows)")
+    _remove(folder, "raw")
+    engine.owned.update(paths)  # StageShards: the stage folder takes them by a rename (engine.save)
     data = datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths])
     dropped = {"bad_line": bad, "empty": sum(c[1] for c in counts), "not_sampled": sum(written)}
     return data, dropped, rows_read
+
+
+def key_partitions(engine: Any, parts_: int, rows: int) -> int:
+    """The id shuffle's partitions: as many as the engine's blocks of the rows, at most one per part,
+    so its outputs number parts x partitions (a task's keys per partition), not parts x parts (a
+    large file's plan_parts may cut 2,048 parts: 4 M object refs)."""
+    return max(1, min(parts_, engine.blocks(rows)))
 
 
 def part_count(engine: Any) -> int:
@@ -125,27 +137,34 @@ def _read_part(path: Path, cfg: Any, part: parts.Part, lines: bool, out: str) ->
     return facts
 
 
-def _finish_part(raw: str, cfg: Any, where: str, limit: int, k: int, n: int, by_id: bool, out: str) -> Any:
-    """[(rows, empty texts, empty ids), then per key partition an (M, 3) uint64 array (key, key, code)]."""
+def _rows_of(raw: str, cfg: Any, where: str, limit: int, by_id: bool) -> tuple[dict, int]:
+    """A part's rows by the row-wise rules (sources.finish_rows), a content id (the text's hash, not yet
+    numbered) as the id of a source without ids: (columns, empty texts). Rounds 2 and 4 both run it on
+    round 1's file, so the rows are written once more only when final (round 4)."""
     import pyarrow as pa
 
     cols, empty = sources.finish_rows(_read_arrow(raw), cfg, where, limit)
+    if not by_id:
+        cols["id"] = pa.array(sources.content_hashes(cols["text"].to_pylist()), pa.string())
+    return cols, empty
+
+
+def _finish_part(raw: str, cfg: Any, where: str, limit: int, k: int, keys: int, by_id: bool) -> Any:
+    """[(rows, empty texts, empty ids), then per key partition an (M, 3) uint64 array (key, key, code)]."""
+    cols, empty = _rows_of(raw, cfg, where, limit, by_id)
+    ids = cols["id"].to_pylist()
     if by_id:
-        ids = cols["id"].to_pylist()
         blank = sources.blank_ids(cols["id"])
         digests = b"".join(hashlib.blake2b(i.encode("utf-8"), digest_size=16).digest() for i in ids)
-        keys = np.frombuffer(digests, dtype=">u8").astype(np.uint64).reshape(-1, 2)
+        key = np.frombuffer(digests, dtype=">u8").astype(np.uint64).reshape(-1, 2)
     else:
-        hexes = sources.content_hashes(cols["text"].to_pylist())
-        cols["id"], blank = pa.array(hexes, pa.string()), 0
-        keys = np.zeros((len(hexes), 2), dtype=np.uint64)
-        keys[:, 0] = np.frombuffer(bytes.fromhex("".join(hexes)), dtype=">u8")
-    _write_arrow(pa.table(cols), out)
-    rows = len(keys)
+        blank, key = 0, np.zeros((len(ids), 2), dtype=np.uint64)
+        key[:, 0] = np.frombuffer(bytes.fromhex("".join(ids)), dtype=">u8")
+    rows = len(key)
     code = (np.uint64(k) << np.uint64(ROW_BITS)) | np.arange(rows, dtype=np.uint64)
-    triples = np.concatenate([keys, code[:, None]], axis=1)
-    where_to = _partition_of(triples[:, 0] ^ triples[:, 1], n)
-    return [(rows, empty, blank), *[triples[where_to == p] for p in range(n)]]
+    triples = np.concatenate([key, code[:, None]], axis=1)
+    where_to = _partition_of(triples[:, 0] ^ triples[:, 1], keys)
+    return [(rows, empty, blank), *[triples[where_to == p] for p in range(keys)]]
 
 
 def _copies(n: int, by_id: bool, *triples: np.ndarray) -> Any:
@@ -168,14 +187,15 @@ def _copies(n: int, by_id: bool, *triples: np.ndarray) -> Any:
     return [(0, []), *[np.stack([row[later & (part == k)], copy[later & (part == k)]], axis=1) for k in range(n)]]
 
 
-def _write_part(rows_file: str, cfg: Any, out: str, *copies: np.ndarray) -> int:
-    """The part's rows with their ids numbered and the sample applied, as one Arrow shard; rows left out."""
+def _write_part(raw: str, cfg: Any, where: str, limit: int, by_id: bool, out: str, *copies: np.ndarray) -> int:
+    """The part's rows with their ids numbered and the sample applied, as the stage folder's shard
+    (ray_io.StageShard: what save_to_disk writes for them); the rows left out."""
     import pyarrow as pa
     from datasets import Features, Value
-    from datasets.arrow_writer import ArrowWriter
 
-    table = _read_arrow(rows_file)
-    cols = {name: table.column(name) for name in table.column_names}
+    from pipeline.data.ray_io import StageShard
+
+    cols, _ = _rows_of(raw, cfg, where, limit, by_id)
     numbered = np.concatenate(copies) if copies else np.zeros((0, 2), dtype=np.int64)
     if len(numbered):
         ids = cols["id"].to_pylist()
@@ -183,29 +203,36 @@ def _write_part(rows_file: str, cfg: Any, out: str, *copies: np.ndarray) -> int:
             ids[row] = sources.copy_id(ids[row], copy)
         cols["id"] = pa.array(ids, pa.string())
     table, unsampled = sources.finish_table(cols, cfg)
-    writer = ArrowWriter(features=Features({name: Value("string") for name in sources.COLUMNS}), path=out)
-    try:
-        writer.write_table(table)
-        writer.finalize()
-    finally:
-        writer.close()
+    with StageShard(Features({name: Value("string") for name in sources.COLUMNS}), out) as writer:
+        writer.write(table)
+        writer.finish()
     return unsampled
+
+
+def _ids_at(raw: str, cfg: Any, where: str, limit: int, rows: list[int]) -> list[str]:
+    """The ids of a few of a part's rows (a repeated-id error's), read here from round 1's file."""
+    return _rows_of(raw, cfg, where, limit, True)[0]["id"].take(rows).to_pylist()
 
 
 # ---------------------------------------------------------------- helpers
 
 
-def _check_repeats(engine: Any, summaries: list, folder: Path, cfg: Any, where: str) -> None:
+def _check_repeats(engine: Any, summaries: list, raws: list[str], limits: list[int], cfg: Any, where: str) -> None:
     """The local engine's one line for repeated ids, from the partitions' counts and first five."""
+    import ray
+
     found = engine.get(summaries, "load (checking ids)")
     repeats = sum(s[0] for s in found)
     if not repeats:
         return
     first = sorted(x for s in found for x in s[1])[:5]
-    shown = []
-    for code, rows in first:  # five ids read back from round 2's files (memory-mapped)
-        k, row = code >> ROW_BITS, code & (2**ROW_BITS - 1)
-        shown.append((_read_arrow(str(folder / f"rows-{k:05d}.arrow")).column("id")[row].as_py(), rows))
+    at = [(code >> ROW_BITS, code & (2**ROW_BITS - 1)) for code, _ in first]
+    task = ray.remote(_ids_at).options(**engine.task_options())
+    wanted = {k: [row for j, row in at if j == k] for k, _ in at}  # five ids read by tasks from their parts
+    ids = dict(zip(wanted, engine.get([task.remote(raws[k], cfg, where, limits[k], rows)
+                                       for k, rows in wanted.items()], "load (checking ids)")))
+    taken = {k: iter(v) for k, v in ids.items()}
+    shown = [(next(taken[k]), rows) for (k, _), (_, rows) in zip(at, first)]
     raise sources.repeated_ids_error(repeats, shown, cfg, where)
 
 

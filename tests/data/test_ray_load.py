@@ -248,3 +248,24 @@ def test_a_quoted_value_longer_than_a_part_joins_the_parts_it_spans(tmp_path, ra
     assert len(rows) == 200 and rows[100]["text"] == long_value
     pieces, facts = ray_load._read(engine, ray_cluster, path, cfg, parts.plan_parts(path, cfg, 7), engine.map_folder())
     assert 1 < len(pieces) < 7 and not any(f.quoted for f in facts)  # the cuts inside the value went to its end
+
+
+def test_the_id_shuffle_has_the_engines_blocks_of_partitions_not_one_per_part(tmp_path, ray_cluster, monkeypatch):
+    """12 parts on an engine of 3 blocks: 3 key partitions (12 x 3 shuffle outputs, not 12 x 12), and
+    the content ids numbered and the repeated ids found across all 12 parts as one read finds them."""
+    from pipeline.data import ray_load
+
+    seen, real = [], ray_load.key_partitions
+    monkeypatch.setattr(ray_load, "part_count", lambda engine: 12)
+    monkeypatch.setattr(ray_load, "key_partitions", lambda *a: seen.append((a[1], real(*a))) or seen[-1][1])
+    fields = _write(tmp_path, "jsonl", _records())
+    rows = _same(SourceConfig(**fields), 3, tmp_path)[1]
+    assert seen == [(12, 3)] and len(parts.plan_parts(Path(fields["path"]), SourceConfig(**fields), 12)) == 12
+    ids = [r["id"] for r in rows if r["text"].startswith("doc 1 ")]
+    assert ids[0] + "-2" == ids[1] and ids[0] + "-3" == ids[2]
+    records = [{"text": f"t{k}", "id": f"id{k}"} for k in range(50)]
+    records[49]["id"] = records[0]["id"] = "first and last"
+    (path := tmp_path / "ids.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    error = _same(SourceConfig(format="jsonl", path=str(path), label_field="", id_field="id"), 3, tmp_path)
+    assert error[1].startswith(f"{path}: ids in column 'id' (source.id_field) must be unique; 1 repeat: "
+                               f"'first and last' (2 rows)") and seen[-1] == (12, 3)
