@@ -8,7 +8,8 @@ What moves and what stays (the engines differ in how they move data, never in wh
   and cast to the local engine's features, as one Arrow shard under the stage's temporary folder,
   as save_to_disk's shard writer writes one (ray_io.StageShard; blocks cut as datasets' shard()
   cuts); the map's result is those shards, memory-mapped, in order. `save`: a split that is exactly
-  one map's shards (clean, split's chunks, label, tokenize, load) takes them by a rename (each row
+  tasks' StageShards (load's parts, clean, dedup's kept rows, split's routed splits and chunks, the
+  leakage removal, label, tokenize: ray_io.route writes them too) takes them by a rename (each row
   written once); any other (a select, pending column operations) is written by a task per shard
   with datasets' own shard writer; the driver writes only state.json and dataset_info.json (and
   dataset_dict.json). Each file is byte for byte what save_to_disk writes for its rows, the folder

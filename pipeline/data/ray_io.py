@@ -163,66 +163,6 @@ def reduce_shard(packed: tuple, start: int, end: int, fn: Any, combine: Any, col
     return combine([fn(table) for table in rows.iter(batch_size)] or [fn(rows[:])])
 
 
-# ---------------------------------------------------------------- rows routed to outputs (split, dropped rows)
-def route_shard(packed: tuple, start: int, end: int, rule: Any, drop: list, features: Any, paths: list,
-                batch_size: int, *extra: Any) -> list[int]:
-    """Rows start:end of the packed Dataset, read here from its files batch by batch; rule(table, rows,
-    *extra) gives each row's code k (rows: their indices in the Dataset; -1: written nowhere) and the
-    row, less the columns `drop`, is written to the shard at paths[k]. Returns the rows of each shard."""
-    import numpy as np
-    import pyarrow as pa
-    from datasets.arrow_writer import ArrowWriter
-
-    ds = open_packed(packed)
-    for p in paths:
-        check_visible(os.path.dirname(p))
-    writers = [ArrowWriter(features=features, path=p) for p in paths]
-    try:
-        first = start
-        for table in ds.select(range(start, end)).with_format("arrow").iter(batch_size):
-            codes = rule(table, np.arange(first, first + table.num_rows), *extra)
-            first += table.num_rows
-            out = table.drop_columns(list(drop))
-            for k, writer in enumerate(writers):
-                writer.write_table(out.filter(pa.array(codes == k)))
-        return [writer.finalize()[0] for writer in writers]
-    finally:
-        for writer in writers:
-            writer.close()
-
-
-def route(engine: Any, ds: Any, rule: Any, drop: list, outputs: int, desc: str, extra: list | None = None) -> list:
-    """Per code k < outputs, the rows of `ds` (less `drop`) that rule(table, rows, *extra[b]) gives k, in
-    order: one route_shard task per block b (extra[b]: its own arguments, object refs resolved by Ray),
-    each writing one shard per code; the shards, memory-mapped."""
-    import datasets
-    import ray
-
-    features = datasets.Features({k: v for k, v in ds.features.items() if k not in drop})
-    folder, bounds = engine.map_folder(), engine.block_bounds(ds.num_rows)
-    paths = [[str(folder / f"shard-{b:05d}-{k}.arrow") for k in range(outputs)] for b in range(len(bounds))]
-    task = ray.remote(route_shard).options(**engine.task_options())
-    source = pack(ds)  # file names, column operations and row indices, not the rows
-    extra = extra or [[]] * len(bounds)
-    engine.get([task.remote(source, s, e, rule, list(drop), features, p, 1000, *x)
-                for (s, e), p, x in zip(bounds, paths, extra)], desc)
-    return [datasets.concatenate_datasets([datasets.Dataset.from_file(p[k]) for p in paths]) for k in range(outputs)]
-
-
-def _unlisted(table: Any, rows: Any, *listed: Any) -> Any:
-    """0 for a row in none of the `listed` arrays of row indices, -1 (dropped) for one in any."""
-    import numpy as np
-
-    gone = np.concatenate(listed) if listed else np.zeros(0, dtype=np.int64)
-    return np.where(np.isin(rows, gone), -1, 0).astype(np.int8)
-
-
-def drop_rows(engine: Any, ds: Any, removed: list, desc: str) -> Any:
-    """`ds` less the rows `removed` names (removed[b]: block b's arrays of row indices, or refs to them),
-    written by a route pass: the others, in order."""
-    return route(engine, ds, _unlisted, [], 1, desc, removed)[0]
-
-
 # ---------------------------------------------------------------- shards renamed into the stage folder (each row written once)
 WRITE_BATCH = 1000  # datasets.config.DEFAULT_MAX_BATCH_SIZE: the record batch save_to_disk writes, unless the
 # rows average over MAX_ROW_GROUP_SIZE / 1000 = 100 kB (then `writer_batch_size` is smaller and `save` rewrites)
@@ -317,3 +257,63 @@ def rename_shards(found: list[tuple[str, int]], folder: Path) -> int:
     for (path, _), target in zip(found, shard_paths(folder, len(found))):
         os.rename(path, target)
     return len(found)
+
+
+# ---------------------------------------------------------------- rows routed to outputs (split, dropped rows)
+def route_shard(packed: tuple, start: int, end: int, rule: Any, drop: list, features: Any, paths: list,
+                batch_size: int, *extra: Any) -> list[int]:
+    """Rows start:end of the packed Dataset, read here from its files batch by batch; rule(table, rows,
+    *extra) gives each row's code k (rows: their indices in the Dataset; -1: written nowhere) and the
+    row, less the columns `drop`, is written to the shard at paths[k]. Returns the rows of each shard."""
+    import numpy as np
+    import pyarrow as pa
+
+    ds = open_packed(packed)
+    for p in paths:
+        check_visible(os.path.dirname(p))
+    writers = [StageShard(features, p) for p in paths]  # what save_to_disk writes for their rows: renamable
+    try:
+        first = start
+        for table in ds.select(range(start, end)).with_format("arrow").iter(batch_size):
+            codes = rule(table, np.arange(first, first + table.num_rows), *extra)
+            first += table.num_rows
+            out = table.drop_columns(list(drop))
+            for k, writer in enumerate(writers):
+                writer.write(out.filter(pa.array(codes == k)))
+        return [writer.finish() for writer in writers]
+    finally:
+        for writer in writers:
+            writer.writer.close()
+
+
+def route(engine: Any, ds: Any, rule: Any, drop: list, outputs: int, desc: str, extra: list | None = None) -> list:
+    """Per code k < outputs, the rows of `ds` (less `drop`) that rule(table, rows, *extra[b]) gives k, in
+    order: one route_shard task per block b (extra[b]: its own arguments, object refs resolved by Ray),
+    each writing one shard per code; the shards, memory-mapped."""
+    import datasets
+    import ray
+
+    features = datasets.Features({k: v for k, v in ds.features.items() if k not in drop})
+    folder, bounds = engine.map_folder(), engine.block_bounds(ds.num_rows)
+    paths = [[str(folder / f"shard-{b:05d}-{k}.arrow") for k in range(outputs)] for b in range(len(bounds))]
+    task = ray.remote(route_shard).options(**engine.task_options())
+    source = pack(ds)  # file names, column operations and row indices, not the rows
+    extra = extra or [[]] * len(bounds)
+    engine.get([task.remote(source, s, e, rule, list(drop), features, p, 1000, *x)
+                for (s, e), p, x in zip(bounds, paths, extra)], desc)
+    engine.owned.update(p for block in paths for p in block)  # StageShards: `save` may rename them
+    return [datasets.concatenate_datasets([datasets.Dataset.from_file(p[k]) for p in paths]) for k in range(outputs)]
+
+
+def _unlisted(table: Any, rows: Any, *listed: Any) -> Any:
+    """0 for a row in none of the `listed` arrays of row indices, -1 (dropped) for one in any."""
+    import numpy as np
+
+    gone = np.concatenate(listed) if listed else np.zeros(0, dtype=np.int64)
+    return np.where(np.isin(rows, gone), -1, 0).astype(np.int8)
+
+
+def drop_rows(engine: Any, ds: Any, removed: list, desc: str) -> Any:
+    """`ds` less the rows `removed` names (removed[b]: block b's arrays of row indices, or refs to them),
+    written by a route pass: the others, in order."""
+    return route(engine, ds, _unlisted, [], 1, desc, removed)[0]

