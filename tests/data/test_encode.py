@@ -27,6 +27,57 @@ def test_trained_wordpiece_never_sees_heldout_text(tmp_path):
     assert max(res.data["validation"]["length"]) <= 8  # truncated, not padded
 
 
+_TRAIN_IN_A_PROCESS = """
+import hashlib, json, sys
+from pipeline.config import TokenizeConfig
+from pipeline.data.encode import _train_bpe, _train_wordpiece
+texts = json.loads(sys.argv[1])
+for train, kind in ((_train_wordpiece, "wordpiece"), (_train_bpe, "bpe")):
+    tok, _ = train(texts, TokenizeConfig(kind=kind, vocab_size=260 + 60 * (kind == "bpe"), min_frequency=1))
+    print(kind, hashlib.sha256(tok.to_str().encode()).hexdigest(), tok.encode("the quick brown fox").ids)
+"""
+
+
+def test_a_trained_tokenizer_is_the_same_in_every_process():
+    """tokenizers' trainer numbers WordPiece's ## tokens in a per-process hash order (an upstream bug);
+    three processes on the same texts must still agree on every byte of the tokenizer."""
+    import subprocess
+    import sys
+
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dogs", "while", "seven", "wizards", "hex",
+             "quartz", "vexing", "jocks"]
+    texts = [" ".join(words[(k * 7 + j * 3) % len(words)] + str(k % 5) for j in range(9)) for k in range(200)]
+    runs = [[line for line in subprocess.run([sys.executable, "-c", _TRAIN_IN_A_PROCESS, json.dumps(texts)],
+                                             capture_output=True, text=True, check=True).stdout.splitlines() if line]
+            for _ in range(3)]
+    assert len(runs[0]) == 2 and runs[1] == runs[0] and runs[2] == runs[0], runs
+
+
+def test_continuation_tokens_from_the_pieces_are_those_of_the_whole_texts():
+    """The ## tokens found from distinct space-separated pieces equal those training on the whole texts
+    makes, on text that normalization changes: tabs and newlines, control and zero-width characters
+    between letters, accents, CJK (spaced apart), punctuation, a combining mark after a space."""
+    from pipeline.data.encode import _wordpiece, continuation_tokens
+
+    texts = ["ж\x1fю ab\x1fcd e\tfgh\nij", "Ünïcödé ÀÉÎ café", "漢字かな mixed漢x", "x\u200by o,k! (q)", " \u0301z ẞß",
+             "ﬁne ｗｉｄｅ ΣΑΣ σας", "kl\x00mn op\rqr", "\u00a0nb\u00a0sp\u3000ws"] * 3
+    whole = sorted(t for t in _wordpiece(texts, 0, 0, []).get_vocab() if t.startswith("##") and len(t) == 3)
+    assert continuation_tokens(texts) == whole and len(whole) > 20
+
+
+def test_wordpiece_continuation_tokens_are_ordinary_tokens(tmp_path):
+    """The ## tokens handed to the trainer as specials (to fix their numbering) lose that marking: only
+    the five real specials are added tokens, and a literal '##t' in a text is split like any text."""
+    from tokenizers import Tokenizer
+
+    encode(_dd(), TokenizeConfig(kind="wordpiece", vocab_size=200, min_frequency=1), StageContext(tmp_path))
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer" / "tokenizer.json"))
+    spec = json.loads(tok.to_str())
+    assert [t["content"] for t in spec["added_tokens"]] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert "##t" in spec["model"]["vocab"] and "##t" not in tok.encode("cat ##t").tokens
+    assert tok.decode(tok.encode("the cat").ids) == "the cat"
+
+
 def test_bpe_and_length_stats(tmp_path):
     res = encode(_dd(), TokenizeConfig(kind="bpe", vocab_size=300, min_frequency=1, max_length=4), StageContext(tmp_path))
     assert res.stats["train"]["max"] == 4 and res.stats["train"]["truncated_fraction"] == 1.0

@@ -3,7 +3,7 @@ machine (configs/accelerate/cpu_multiprocess.yaml) and as two "machines" on loca
 machine ranks 0 and 1: cpu_two_machines_rank{0,1}.yaml), with a tiny BERT on a toy task.
 
 Each scenario runs once per module (a fixture) and several tests read what it left. All runs share
-one prepared dataset (a tokenizer trained twice may number tied tokens differently).
+one prepared dataset, built once.
 
 Tolerance of "2 processes == 1 process" (dropout off, same global batch 16 = 2 x 8): the runs do
 the same arithmetic in another order: the loss is the mean of two 8-row means instead of one

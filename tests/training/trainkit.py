@@ -33,25 +33,15 @@ def toy_rows(n: int, seed: int) -> list[dict]:
 
 
 def _tokenizer(texts: list[str], kind: str):
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    """The tokenize stage's own trainer (so it is the same in every process), wrapped for transformers."""
     from transformers import PreTrainedTokenizerFast
 
-    if kind == "bpe":
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-        return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=200, special_tokens=special))
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]")
+    from pipeline.config import TokenizeConfig
+    from pipeline.data.encode import _train_bpe, _train_wordpiece
+
+    train = _train_bpe if kind == "bpe" else _train_wordpiece
+    tok, specials = train(texts, TokenizeConfig(kind=kind, vocab_size=300 if kind == "bpe" else 200, min_frequency=0))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **specials)
 
 
 def write_config(path: Path, out_dir: Path, kind: str, train: dict | None = None, model: dict | None = None) -> Path:
@@ -174,8 +164,8 @@ def final_weights(run: Path) -> dict:
 
 
 def clone_prepared(config: Path, dest: Path) -> Path:
-    """The same prepared bytes under another output_dir (a tokenizer trained twice may number tied
-    tokens differently, so runs that must match share one copy of the data)."""
+    """The same prepared bytes under another output_dir: runs that must match read one copy of the data
+    (byte for byte the same as building it again, which the tokenizer test pins, at a copy's cost)."""
     import shutil
 
     from pipeline import artifacts
