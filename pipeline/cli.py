@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from typing import Callable
 
 EXIT_USAGE = 2  # bad config, missing input: nothing was done
@@ -16,8 +18,11 @@ def run_main(main: Callable[[list[str] | None], int]) -> None:
     Whatever way `main` ends, the process group it joined is destroyed before the interpreter exits.
     """
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    remember_ctrl_c()
     try:
-        sys.exit(main(None))
+        code = main(None)
+        raise_if_interrupted()  # a Ctrl-C some library swallowed still ends the run as one
+        sys.exit(code)
     except (ValueError, OSError, KeyError) as e:  # OSError: a path that is a file, unwritable, a full disk
         if os.environ.get("PIPELINE_DEBUG"):
             raise
@@ -28,6 +33,31 @@ def run_main(main: Callable[[list[str] | None], int]) -> None:
         sys.exit(EXIT_CTRL_C)
     finally:
         end_process_group()
+
+
+_ctrl_c_seen = False
+
+
+def _on_ctrl_c(signum, frame) -> None:
+    global _ctrl_c_seen
+    _ctrl_c_seen = True
+    signal.default_int_handler(signum, frame)  # KeyboardInterrupt, as always
+
+
+def remember_ctrl_c() -> None:
+    """Ctrl-C raises KeyboardInterrupt as usual and is also remembered. A KeyboardInterrupt raised while
+    the interpreter runs a finalizer (`__del__`, a weakref callback: "Exception ignored in ...") or
+    inside a library's bare `except:` is lost, and the run went on to exit 0; raise_if_interrupted
+    raises it again. An ignored SIGINT (a background job) stays ignored; train installs its own handler."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_ctrl_c)
+
+
+def raise_if_interrupted() -> None:
+    """KeyboardInterrupt if a Ctrl-C came since remember_ctrl_c, even one that was swallowed: called
+    before anything is marked complete, so no stage is committed after the user asked to stop."""
+    if _ctrl_c_seen:
+        raise KeyboardInterrupt
 
 
 def _message(e: BaseException) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pipeline
-from pipeline import artifacts
+from pipeline import artifacts, cli
 from pipeline.config import Config, pretrained_tokenizer_name
 from pipeline.data import clean, dedup, encode, label, sources, split
 from pipeline.data import engines
@@ -282,6 +282,7 @@ def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, ctx: 
             stats=result.stats,
             config=_config_dicts(stage.config),
         )
+        cli.raise_if_interrupted()  # a Ctrl-C that a library swallowed mid-stage: the stage is not complete
         artifacts.write_json_atomic(tmp / artifacts.MANIFEST, man)  # written last: marks completeness
     return _load(out), man
 
