@@ -23,16 +23,26 @@ def run_main(main: Callable[[list[str] | None], int]) -> None:
         code = main(None)
         raise_if_interrupted()  # a Ctrl-C some library swallowed still ends the run as one
         sys.exit(code)
+    except KeyboardInterrupt:  # Ctrl-C outside train's own handler: what was being written is a temporary
+        _exit_interrupted()
     except (ValueError, OSError, KeyError) as e:  # OSError: a path that is a file, unwritable, a full disk
+        if _ctrl_c_seen:  # raised while a Ctrl-C unwound a library (a half-closed writer): the Ctrl-C is the cause
+            _exit_interrupted()
         if os.environ.get("PIPELINE_DEBUG"):
             raise
         print(f"error: {_message(e)}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
-    except KeyboardInterrupt:  # Ctrl-C outside train's own handler: what was being written is a temporary
-        print("error: interrupted (Ctrl-C)", file=sys.stderr)
-        sys.exit(EXIT_CTRL_C)
+    except Exception:
+        if _ctrl_c_seen:
+            _exit_interrupted()
+        raise
     finally:
         end_process_group()
+
+
+def _exit_interrupted() -> None:
+    print("error: interrupted (Ctrl-C)", file=sys.stderr)
+    sys.exit(EXIT_CTRL_C)
 
 
 _ctrl_c_seen = False

@@ -395,28 +395,31 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_no_temporary(tmp_path):
 _SWALLOWING_PREPARE = """
 import os, runpy, signal, sys
 from pipeline.data import clean
-real = clean._clean_batch
+real, how = clean._clean_batch, sys.argv[1]
 def swallowing(*args, **kwargs):  # Ctrl-C lands where a finalizer or a library's bare except eats it
     try:
         os.kill(os.getpid(), signal.SIGINT)
         for _ in range(10_000):
             pass
     except KeyboardInterrupt:
-        pass
+        if how == "raise":
+            raise RuntimeError("the writer was closed") from None
     return real(*args, **kwargs)
 clean._clean_batch = swallowing
-sys.argv = sys.argv[1:]
+sys.argv = sys.argv[2:]
 sys.path.insert(0, os.path.dirname(sys.argv[0]))
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def test_a_ctrl_c_that_a_library_swallows_still_stops_the_run_before_the_stage_is_complete(tmp_path):
-    """A KeyboardInterrupt raised in a finalizer or under a bare `except:` is lost; the run must still
-    end as interrupted (130, one line) and mark no stage complete from the moment of the Ctrl-C on."""
+@pytest.mark.parametrize("how", ["swallow", "raise"])
+def test_a_ctrl_c_that_a_library_swallows_still_stops_the_run_before_the_stage_is_complete(tmp_path, how):
+    """A KeyboardInterrupt raised in a finalizer or under a bare `except:` is lost, or a library turns it
+    into another error; the run must still end as interrupted (130, one line, no traceback) and mark
+    no stage complete from the moment of the Ctrl-C on."""
     args = [str(ROOT / "pipeline" / "prepare.py"), "--config", str(TINY), "--quiet",
             *_data_overrides(tmp_path, _corpus(tmp_path / "c.csv"))]
-    proc = subprocess.run([sys.executable, "-c", _SWALLOWING_PREPARE, *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", _SWALLOWING_PREPARE, how, *args], capture_output=True, text=True,
                           timeout=300, cwd=ROOT, check=False, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert (proc.returncode, proc.stderr) == (130, "error: interrupted (Ctrl-C)\n")
     stages = sorted(p.name.split("-")[1] for p in (tmp_path / "out" / "data" / "stages").iterdir())
