@@ -261,10 +261,11 @@ def rename_shards(found: list[tuple[str, int]], folder: Path) -> int:
 
 # ---------------------------------------------------------------- rows routed to outputs (split, dropped rows)
 def route_shard(packed: tuple, start: int, end: int, rule: Any, drop: list, features: Any, paths: list,
-                batch_size: int, *extra: Any) -> list[int]:
+                batch_size: int, *extra: Any, then: Any = None) -> list[int]:
     """Rows start:end of the packed Dataset, read here from its files batch by batch; rule(table, rows,
     *extra) gives each row's code k (rows: their indices in the Dataset; -1: written nowhere) and the
-    row, less the columns `drop`, is written to the shard at paths[k]. Returns the rows of each shard."""
+    row, less the columns `drop` (and through then(table) -> table, a row-wise transform, when given),
+    is written to the shard at paths[k]. Returns the rows of each shard."""
     import numpy as np
     import pyarrow as pa
 
@@ -278,6 +279,7 @@ def route_shard(packed: tuple, start: int, end: int, rule: Any, drop: list, feat
             codes = rule(table, np.arange(first, first + table.num_rows), *extra)
             first += table.num_rows
             out = table.drop_columns(list(drop))
+            out = then(out) if then is not None else out
             for k, writer in enumerate(writers):
                 writer.write(out.filter(pa.array(codes == k)))
         return [writer.finish() for writer in writers]
@@ -286,20 +288,22 @@ def route_shard(packed: tuple, start: int, end: int, rule: Any, drop: list, feat
             writer.writer.close()
 
 
-def route(engine: Any, ds: Any, rule: Any, drop: list, outputs: int, desc: str, extra: list | None = None) -> list:
+def route(engine: Any, ds: Any, rule: Any, drop: list, outputs: int, desc: str, extra: list | None = None,
+          then: Any = None, features: Any = None) -> list:
     """Per code k < outputs, the rows of `ds` (less `drop`) that rule(table, rows, *extra[b]) gives k, in
     order: one route_shard task per block b (extra[b]: its own arguments, object refs resolved by Ray),
-    each writing one shard per code; the shards, memory-mapped."""
+    each writing one shard per code; the shards, memory-mapped. `then`: a row-wise transform of the rows
+    before they are written, whose output has `features` (in the same pass: no second write)."""
     import datasets
     import ray
 
-    features = datasets.Features({k: v for k, v in ds.features.items() if k not in drop})
+    features = features or datasets.Features({k: v for k, v in ds.features.items() if k not in drop})
     folder, bounds = engine.map_folder(), engine.block_bounds(ds.num_rows)
     paths = [[str(folder / f"shard-{b:05d}-{k}.arrow") for k in range(outputs)] for b in range(len(bounds))]
     task = ray.remote(route_shard).options(**engine.task_options())
     source = pack(ds)  # file names, column operations and row indices, not the rows
     extra = extra or [[]] * len(bounds)
-    engine.get([task.remote(source, s, e, rule, list(drop), features, p, 1000, *x)
+    engine.get([task.remote(source, s, e, rule, list(drop), features, p, 1000, *x, then=then)
                 for (s, e), p, x in zip(bounds, paths, extra)], desc)
     engine.owned.update(p for block in paths for p in block)  # StageShards: `save` may rename them
     return [datasets.concatenate_datasets([datasets.Dataset.from_file(p[k]) for p in paths]) for k in range(outputs)]

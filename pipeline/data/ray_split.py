@@ -172,16 +172,26 @@ def split_rows(engine: Any, ds: Any, cfg: Any) -> tuple[dict, bool]:
     else:
         classes = split.label_classes(ds, engine)
         keys = functools.partial(split._hash_and_class, seed=cfg.seed, classes=classes)
-        return stratified_rows(engine, ds, keys, len(classes), cuts), False
-    parts = ray_io.route(engine, ds, functools.partial(_by_table, codes_of=codes_of), ["source_split"], 3, "split")
+        return stratified_rows(engine, ds, keys, len(classes), cuts, chunked=cfg.chunk == "none"), False
+    parts = _route(engine, ds, functools.partial(_by_table, codes_of=codes_of), cfg.chunk == "none")
     return dict(zip(split.SPLITS, parts)), share is not None
 
 
-def stratified_rows(engine: Any, ds: Any, keys: Any, classes: int, cuts: tuple[float, float]) -> dict:
+def _route(engine: Any, ds: Any, rule: Any, chunked: bool) -> list:
+    """The three splits' rows by `rule`; with `chunked`, already as split's chunk map leaves whole
+    documents (split.whole_documents), so that the route is the split's only write of them."""
+    if not chunked:
+        return ray_io.route(engine, ds, rule, ["source_split"], 3, "split")
+    return ray_io.route(engine, ds, rule, ["source_split"], 3, "split", then=split.whole_documents,
+                        features=split.chunked_features(ds.features))
+
+
+def stratified_rows(engine: Any, ds: Any, keys: Any, classes: int, cuts: tuple[float, float],
+                    chunked: bool = False) -> dict:
     """{split: rows} of a stratified split by keys(table) -> (hashes, class indices): the cuts, then a route."""
     hashes, ties = stratified_cuts(engine, ds, keys, classes, cuts)
     rule = functools.partial(_cut_codes, keys=keys, hashes=hashes, ties=ties)
-    return dict(zip(split.SPLITS, ray_io.route(engine, ds, rule, ["source_split"], 3, "split")))
+    return dict(zip(split.SPLITS, _route(engine, ds, rule, chunked)))
 
 
 def drop_rows(engine: Any, ds: Any, rows: list[int]) -> Any:

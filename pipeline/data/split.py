@@ -174,8 +174,25 @@ def chunk_text(text: str, cfg: SplitConfig) -> list[str]:
     return chunks
 
 
+def whole_documents(table):
+    """A pyarrow batch of documents as _chunk_rows makes it when split.chunk is none: id, text, label
+    and chunk 0. An engine that writes the split's rows anyway (Ray's route) adds it in that pass."""
+    import pyarrow as pa
+
+    table = table.select(["id", "text", "label"])
+    return table.append_column("chunk", pa.array(np.zeros(table.num_rows, dtype=np.int64)))
+
+
+def chunked_features(features):
+    """The features of _chunk_rows's rows, from its input's."""
+    from datasets import Features, Value
+
+    return Features({**{k: features[k] for k in ("id", "text", "label")}, "chunk": Value("int64")})
+
+
 def _chunk_rows(ds, cfg: SplitConfig, ctx: StageContext):
-    from datasets import Value
+    if "chunk" in ds.column_names:  # the engine's split already wrote whole documents (split.chunk=none)
+        return ds
 
     def cut(batch):
         out = {k: [] for k in ("id", "text", "label", "chunk")}
@@ -187,8 +204,8 @@ def _chunk_rows(ds, cfg: SplitConfig, ctx: StageContext):
                 out["chunk"].append(k)
         return out
 
-    added = {**{k: ds.features[k] for k in ("id", "text", "label")}, "chunk": Value("int64")}
-    return ctx.engine.map_batches(ds, cut, added, remove_columns=ds.column_names, desc="chunk")
+    return ctx.engine.map_batches(ds, cut, dict(chunked_features(ds.features)), remove_columns=ds.column_names,
+                                  desc="chunk")
 
 
 def leakage_checks(keep_test_whole: bool) -> tuple[tuple[str, str], ...]:

@@ -135,6 +135,28 @@ def test_the_leakage_check_removes_on_ray_what_it_removes_locally(tmp_path, ray_
                                {"leak_validation": 15, "leak_test": 15})
 
 
+@pytest.mark.parametrize("chunk", ["none", "words"])
+def test_split_on_ray_writes_whole_documents_once_and_maps_only_to_chunk(tmp_path, ray_cluster, monkeypatch, chunk):
+    """split.chunk=none: the route pass writes the documents as the chunk map leaves them (id, text,
+    label, chunk 0), so no chunk map runs and split writes each row once; chunking asked, the map runs.
+    Either way, leakage removal included, the stage equals the local engine's."""
+    from pipeline.data import engine_ray
+
+    maps, real = [], engine_ray.RayEngine.map_batches
+
+    def spy(self, ds, fn, added, **kw):
+        maps.append(kw.get("desc"))
+        return real(self, ds, fn, added, **kw)
+
+    monkeypatch.setattr(engine_ray.RayEngine, "map_batches", spy)
+    cfg = SplitConfig(leakage_threshold=0.5, chunk=chunk, chunk_size=5, chunk_overlap=1)
+    out = _both(split.split, _leaky(tmp_path), cfg, tmp_path, 2, similarity=DedupConfig())
+    assert out["ray"] == out["local"] and out["local"][1] == {"leak_validation": 15, "leak_test": 15}
+    assert maps == ([] if chunk == "none" else ["chunk"] * 3)
+    rows = out["local"][0]["train"][1]
+    assert {r["chunk"] for r in rows} == ({0} if chunk == "none" else {0, 1, 2})
+
+
 @pytest.mark.parametrize("blocks", BLOCKS)
 def test_label_drop_on_ray_writes_only_the_kept_rows(tmp_path, ray_cluster, blocks):
     import datasets
