@@ -150,6 +150,25 @@ def _running(pid: int) -> bool:
         return True  # no /proc: trust kill
 
 
+def link_tree(src: str | Path, dest: str | Path) -> bool:
+    """Hard-link every file under `src` into a new `dest` (the same tree, no byte written): True; where
+    the filesystem cannot (another device, no hard links) nothing is left at `dest`: False. For files
+    never written again once complete, as a stage's are."""
+    src, dest = Path(src), Path(dest)
+    try:
+        for p in sorted(src.rglob("*")):
+            target = dest / p.relative_to(src)
+            if p.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.link(p, target)
+    except OSError:
+        shutil.rmtree(dest, ignore_errors=True)
+        return False
+    return dest.is_dir()
+
+
 def fsync_path(path: Path) -> None:
     """Flush one file, or one directory's entries (so a rename in it survives a power cut)."""
     fd = os.open(path, os.O_RDONLY)

@@ -178,7 +178,7 @@ def _run_stages(cfg: Config, engine: Any, input_fp: str, first_forced: int, prog
                 data = load_stage(data_dir, STAGE_NAMES[k - 1])
             ctx = StageContext(out_dir=out, num_proc=cfg.prepare.num_proc, progress=progress,
                                engine=engine.get(), similarity=cfg.dedup)
-            data, man = _run_stage(stage, data, out, fp, input_fp, ctx)
+            data, man = _run_stage(stage, data, out, fp, input_fp, ctx, data_dir)
             rows.append({**_row(man), "cached": False})
         input_fp, data_dir, manifests[stage.name] = fp, out, man
     return data_dir, manifests, rows
@@ -254,7 +254,8 @@ def _check_readable(data: Any, name: str) -> None:
         raise ValueError(f"stage '{name}' made splits with different columns, nothing was saved: {features}")
 
 
-def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, ctx: StageContext):
+def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, ctx: StageContext,
+               input_dir: Path | None = None):
     import datasets
 
     datasets.disable_caching()  # stages cache themselves; no cache-*.arrow files inside earlier stages' dirs
@@ -269,7 +270,9 @@ def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, ctx: 
                 f"stage '{stage.name}' left no rows (dropped: {result.dropped or 'none'}); "
                 f"loosen its settings in the config's `{section}` section ({section}.*)"
             )
-        ctx.engine.save(result.data, tmp / "data")  # Ray: a shard per task
+        # a stage that hands its input back (dedup.method=none) links the input stage's files: no copy
+        if not (result.data is data and input_dir is not None and artifacts.link_tree(input_dir / "data", tmp / "data")):
+            ctx.engine.save(result.data, tmp / "data")  # Ray: a shard per task
         _check_readable(_load(tmp), stage.name)  # a stage that cannot be read back is never marked complete
         man = artifacts.manifest(
             stage=stage.name,

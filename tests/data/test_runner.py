@@ -50,6 +50,26 @@ def test_first_run_then_fully_cached(tmp_path):
     assert "tokenize" in table and "yes" in table
 
 
+@pytest.mark.parametrize("links", [True, False])
+def test_a_stage_that_hands_its_input_back_links_its_files(tmp_path, monkeypatch, links):
+    """dedup.method=none keeps every row: its folder's files are hard links to clean's (no byte
+    copied), or, where the filesystem has no hard links, a copy, with nothing left of the attempt;
+    either way the stage reads back the same rows, and later stages run on it."""
+    if not links:
+        def no_links(src, dst):
+            raise OSError(18, "Invalid cross-device link")
+        monkeypatch.setattr(artifacts.os, "link", no_links)
+    cfg = _cfg(tmp_path, "dedup.method=none")
+    rows = runner.run(cfg, progress=False)
+    assert rows[2]["rows_in"] == rows[2]["rows_out"] == rows[1]["rows_out"] and rows[-1]["stage"] == "tokenize"
+    clean, dedup = (next((cfg.data_dir / "stages").glob(f"{k}-{name}-*")) / "data" for k, name in ((1, "clean"), (2, "dedup")))
+    files = sorted(p.name for p in clean.iterdir())
+    assert sorted(p.name for p in dedup.iterdir()) == files and "state.json" in files
+    same = [os.path.samefile(clean / f, dedup / f) for f in files]
+    assert same == [links] * len(files)
+    assert runner.load_stage(dedup.parent, "dedup").to_list() == runner.load_stage(clean.parent, "clean").to_list()
+
+
 def test_changing_one_setting_reruns_that_stage_and_later_ones(tmp_path):
     runner.run(_cfg(tmp_path), progress=False)
     rows = runner.run(_cfg(tmp_path, "split.seed=99"), progress=False)
