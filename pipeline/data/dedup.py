@@ -308,7 +308,7 @@ def dedup_lists(ds, cfg: DedupConfig, splits: Splits, report, num_proc: int) -> 
 
 def dedup(ds, cfg: DedupConfig, ctx: StageContext) -> StageResult:
     """The stage: `ds` with columns id, text, label, source_split; the same columns out. The engine
-    dedups (`engine.dedup`): the local one with dedup_lists, Ray's in tasks (ray_dedup.py), neither
+    dedups (`engine.dedup`): the local one with dedup_lists, Ray's in tasks (ray_plan.py), neither
     holding more than the source_split column's distinct values and their counts for the Splits."""
     counts = ctx.engine.reduce(ds, _split_counts, add_up, ["source_split"], desc="reading source_split")
     splits = splits_of(list(counts), cfg)

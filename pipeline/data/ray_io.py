@@ -214,7 +214,6 @@ def renamable(ds: Any, owned: set[str], folder: Path) -> list[tuple[str, int]] |
     writes for `ds`, and `ds` reads them as they lie (no row indices, no column operations: datasets'
     own schema-metadata replay only), at save_to_disk's record batch size and within its 500 MB per
     shard: renaming them into `folder` saves `ds`. Else None."""
-    from datasets import config
     from datasets.table import ConcatenationTable, MemoryMappedTable
 
     t = ds.data
@@ -266,14 +265,16 @@ def route_shard(packed: tuple, start: int, end: int, rule: Any, drop: list, feat
     *extra) gives each row's code k (rows: their indices in the Dataset; -1: written nowhere) and the
     row, less the columns `drop` (and through then(table) -> table, a row-wise transform, when given),
     is written to the shard at paths[k]. Returns the rows of each shard."""
+    import contextlib
+
     import numpy as np
     import pyarrow as pa
 
     ds = open_packed(packed)
-    for p in paths:
-        check_visible(os.path.dirname(p))
-    writers = [StageShard(features, p) for p in paths]  # what save_to_disk writes for their rows: renamable
-    try:
+    for folder in {os.path.dirname(p) for p in paths}:
+        check_visible(folder)
+    with contextlib.ExitStack() as stack:  # what save_to_disk writes for their rows: renamable
+        writers = [stack.enter_context(StageShard(features, p)) for p in paths]
         first = start
         for table in ds.select(range(start, end)).with_format("arrow").iter(batch_size):
             codes = rule(table, np.arange(first, first + table.num_rows), *extra)
@@ -283,9 +284,6 @@ def route_shard(packed: tuple, start: int, end: int, rule: Any, drop: list, feat
             for k, writer in enumerate(writers):
                 writer.write(out.filter(pa.array(codes == k)))
         return [writer.finish() for writer in writers]
-    finally:
-        for writer in writers:
-            writer.writer.close()
 
 
 def route(engine: Any, ds: Any, rule: Any, drop: list, outputs: int, desc: str, extra: list | None = None,

@@ -193,8 +193,6 @@ def _write_part(raw: str, cfg: Any, where: str, limit: int, by_id: bool, out: st
     import pyarrow as pa
     from datasets import Features, Value
 
-    from pipeline.data.ray_io import StageShard
-
     cols, _ = _rows_of(raw, cfg, where, limit, by_id)
     numbered = np.concatenate(copies) if copies else np.zeros((0, 2), dtype=np.int64)
     if len(numbered):
@@ -203,7 +201,7 @@ def _write_part(raw: str, cfg: Any, where: str, limit: int, by_id: bool, out: st
             ids[row] = sources.copy_id(ids[row], copy)
         cols["id"] = pa.array(ids, pa.string())
     table, unsampled = sources.finish_table(cols, cfg)
-    with StageShard(Features({name: Value("string") for name in sources.COLUMNS}), out) as writer:
+    with ray_io.StageShard(Features({name: Value("string") for name in sources.COLUMNS}), out) as writer:
         writer.write(table)
         writer.finish()
     return unsampled

@@ -37,6 +37,7 @@ driver's process until their refs go: measured ~13 B per short document at 300k 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import heapq
@@ -53,10 +54,6 @@ from pipeline.data.ray_dedup import by_key, near_components, split_by, verified_
 from pipeline.data.shingling import normalize_text, shingle_hashes
 
 # ---------------------------------------------------------------- task bodies (run on Ray workers)
-
-
-def _block_of(rows: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    return np.searchsorted(starts, rows, side="right") - 1
 
 
 def _hash_block(packed: tuple, start: int, end: int, parts: int) -> Any:
@@ -89,7 +86,7 @@ def _exact_groups(packed: tuple, starts: np.ndarray, parts: int, *triples: np.nd
     grouped = sizes[inverse.ravel()] > 1  # a hash group's rows with another text apart: a collision
     pairs = np.stack([first[grouped], rows[grouped]], axis=1)
     copies = np.sort(pairs[pairs[:, 0] != pairs[:, 1], 1])
-    return [len(copies), *split_by(copies, _block_of(copies, starts), len(starts) - 1),
+    return [len(copies), *split_by(copies, tasks.block_of(copies, starts), len(starts) - 1),
             *by_key(pairs, pairs[:, 0], parts)]
 
 
@@ -142,7 +139,7 @@ def _plan_clusters(packed: tuple, starts: np.ndarray, cfg: Any, splits: Any, pat
             counts[:] = [dropped["exact_duplicate"], dropped["near_duplicate"], plan.stats["clusters"],
                          is_test[plan.removed].sum(), plan.stays.sum()]
             removed = np.sort(rows[plan.removed])
-    return [counts, *split_by(removed, _block_of(removed, starts), len(starts) - 1)]
+    return [counts, *split_by(removed, tasks.block_of(removed, starts), len(starts) - 1)]
 
 
 # ---------------------------------------------------------------- the driver's side
@@ -150,33 +147,27 @@ def _plan_clusters(packed: tuple, starts: np.ndarray, cfg: Any, splits: Any, pat
 
 def _merge_reports(paths: list[Path], out: Path) -> None:
     """The partitions' report files, each sorted by its lines' key, merged into one by that key."""
-    files = [open(p, encoding="utf-8", newline="\n") for p in paths]  # a line ends at \n only, as written
-    try:
-        with open(out, "w", encoding="utf-8") as f:
-            for line in heapq.merge(*files, key=lambda s: json.loads(s[: s.index("\t")])):
-                f.write(line[line.index("\t") + 1:])
-    finally:
-        for g in files:
-            g.close()
+    with contextlib.ExitStack() as stack, open(out, "w", encoding="utf-8") as f:
+        # a line ends at \n only, as written
+        files = [stack.enter_context(open(p, encoding="utf-8", newline="\n")) for p in paths]
+        for line in heapq.merge(*files, key=lambda s: json.loads(s[: s.index("\t")])):
+            f.write(line[line.index("\t") + 1:])
 
 
-def _grouped(engine: Any, ds: Any, packed: tuple, parts: int) -> list:
+def _grouped(engine: Any, packed: tuple, bounds: list, starts: np.ndarray, parts: int) -> list:
     """Steps 1 and 2: per hash partition, the refs _exact_groups returns."""
     import ray
 
-    bounds = engine.block_bounds(ds.num_rows)
-    starts = np.array([s for s, _ in bounds] + [ds.num_rows], dtype=np.int64)
     hashed = ray.remote(_hash_block).options(num_returns=parts, **engine.task_options())
     group = ray.remote(_exact_groups).options(num_returns=1 + len(bounds) + parts, **engine.task_options())
     mapped = [tasks.as_list(hashed.remote(packed, s, e, parts)) for s, e in bounds]
     return [group.remote(packed, starts, parts, *[m[p] for m in mapped]) for p in range(parts)]
 
 
-def _near(engine: Any, n: int, packed: tuple, cfg: Any, grouped: list, parts: int) -> tuple[list, dict]:
+def _near(engine: Any, n: int, packed: tuple, cfg: Any, grouped: list, parts: int, blocks: int) -> tuple[list, dict]:
     """Step 3: the refs of the near-clustered nodes' (node, label) pairs per partition, and the stats."""
     import ray
 
-    blocks = len(engine.block_bounds(n))
     if cfg.method != "minhash":
         return [ray.put(np.zeros((0, 2), dtype=np.int64))] * parts, {}
     copies = sum(engine.get([g[0] for g in grouped], "dedup (exact groups)"))
@@ -197,8 +188,8 @@ def dedup(engine: Any, ds: Any, cfg: Any, splits: Any, report: Path) -> tuple:
     bounds = engine.block_bounds(n)
     parts, blocks = len(bounds), len(bounds)
     starts = np.array([s for s, _ in bounds] + [n], dtype=np.int64)
-    grouped = _grouped(engine, ds, packed, parts)
-    labelled, near = _near(engine, n, packed, cfg, grouped, parts)
+    grouped = _grouped(engine, packed, bounds, starts, parts)
+    labelled, near = _near(engine, n, packed, cfg, grouped, parts, blocks)
     keys = ray.remote(_cluster_keys).options(num_returns=parts, **engine.task_options())
     keyed = [tasks.as_list(keys.remote(parts, labelled[q], *[g[1 + blocks + q] for g in grouped])) for q in range(parts)]
     folder = engine.map_folder()

@@ -79,11 +79,16 @@ def _band_pairs(n: int, parts: int, split_at: int, *triples: np.ndarray) -> Any:
     return _one_or_list([codes[where == p] for p in range(parts)])
 
 
+def block_of(rows: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """(M,) the block of each global row, block k holding rows starts[k]:starts[k + 1]."""
+    return np.searchsorted(starts, rows, side="right") - 1
+
+
 def rows_by_block(pairs: np.ndarray, starts: np.ndarray) -> list[np.ndarray]:
     """Per block, the distinct rows (global indices, ascending) that `pairs` (K, 2) name in it."""
     rows = np.unique(pairs)
-    block_of = np.searchsorted(starts, rows, side="right") - 1
-    return [rows[block_of == k] for k in range(len(starts) - 1)]
+    where = block_of(rows, starts)
+    return [rows[where == k] for k in range(len(starts) - 1)]
 
 
 def _pairs_and_rows(n: int, starts: np.ndarray, *codes: np.ndarray) -> list:
@@ -101,11 +106,10 @@ def _take(sk: minhash.Sketch, local: np.ndarray) -> minhash.Sketch:
     return minhash.Sketch(sk.sig[local], sk.hashes[minhash._ranges(sk.offsets[local], lengths)], offsets)
 
 
-def _take_rows(sk: minhash.Sketch, at: Any, *wanted: np.ndarray) -> Any:
+def _take_rows(sk: minhash.Sketch, at: np.ndarray, *wanted: np.ndarray) -> Any:
     """Per consumer, the sub-sketch of the rows (global, ascending) it wants of this block. `at`: the
-    block's sketched rows (global, ascending; the wanted ones are among them), or an int, the
-    block's first row when every row of it is sketched."""
-    return _one_or_list([_take(sk, rows - at if np.isscalar(at) else np.searchsorted(at, rows)) for rows in wanted])
+    block's sketched rows (global, ascending; the wanted ones are among them)."""
+    return _one_or_list([_take(sk, np.searchsorted(at, rows)) for rows in wanted])
 
 
 def _concat(parts: tuple) -> minhash.Sketch:
