@@ -55,8 +55,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.config import DedupConfig  # noqa: E402
-from pipeline.data import dedup, minhash  # noqa: E402
-from pipeline.data.common import StageContext  # noqa: E402
+from pipeline.data.stages import dedup  # noqa: E402
+from pipeline.data.similarity import minhash
+from pipeline.data.engines.base import StageContext  # noqa: E402
 
 
 def tweets(n: int) -> list[str]:

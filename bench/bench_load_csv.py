@@ -8,7 +8,7 @@ one task), each measurement its own process, the two alternated --repeats times.
 The CSV: bench_ray.synthetic's short texts (12-24 words), every field quoted, every 50th text with
 a doubled quote and every 70th with a line break inside its quotes, a label column. Ray's start-up
 and a warm-up load of a 10-row CSV (so the worker processes exist) are not timed; docs/s is rows
-read over the wall time of sources.load (reading, finishing the rows, ids, writing the shards); CPU-s
+read over the wall time of load.load (reading, finishing the rows, ids, writing the shards); CPU-s
 is the CPU time the driver and Ray's processes (workers, raylet, GCS) used meanwhile, the steadier
 figure on a loaded machine.
 Each run's ids are hashed: the two codes must give the same rows.
@@ -45,8 +45,9 @@ def write_quoted_csv(n: int, path: Path) -> Path:
 def child(job: dict) -> dict:
     sys.path.insert(0, job["repo"])
     from pipeline.config import RayConfig, SourceConfig
-    from pipeline.data import engine_ray, sources
-    from pipeline.data.common import StageContext
+    from pipeline.data.engines.ray import engine as engine_ray
+    from pipeline.data.stages import load
+    from pipeline.data.engines.base import StageContext
 
     engine_ray.start_local(RayConfig(num_cpus=job["workers"]))
     engine = engine_ray.RayEngine.connect(RayConfig(blocks=job["blocks"]))
@@ -56,7 +57,7 @@ def child(job: dict) -> dict:
         folder = out / name
         folder.mkdir(parents=True)
         with engine.stage(folder):
-            return sources.load(None, SourceConfig(format="csv", path=path), StageContext(out_dir=folder, engine=engine))
+            return load.load(None, SourceConfig(format="csv", path=path), StageContext(out_dir=folder, engine=engine))
 
     load(job["warmup"], "warmup")
     with TreeMemory() as mem:

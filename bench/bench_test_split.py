@@ -29,8 +29,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.config import load_config  # noqa: E402
-from pipeline.data import clean, dedup, sources, split  # noqa: E402
-from pipeline.data.common import StageContext, unit_hash  # noqa: E402
+from pipeline.data.stages import clean  # noqa: E402
+from pipeline.data.stages import dedup
+from pipeline.data.stages import load
+from pipeline.data.stages import split
+from pipeline.data.engines.base import StageContext  # noqa: E402
+from pipeline.data.engines.ops import unit_hash
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,7 +80,7 @@ def main() -> None:
     cfg = load_config(ROOT / "configs" / "default.yaml", ["source.sample=1.0"])
     with tempfile.TemporaryDirectory() as tmp:
         ctx = StageContext(out_dir=Path(tmp), progress=False)
-        loaded = sources.load(None, cfg.source, ctx).data
+        loaded = load.load(None, cfg.source, ctx).data
         ds = official_split(clean.clean(loaded, cfg.clean, ctx).data, args.test_share)
         rows = [run_mode(ds, cfg, whole, args.repeat, Path(tmp)) for whole in (False, True)]
     print(f"{len(ds)} cleaned tweets, {rows[0]['test_source']} in the 'official' test split "

@@ -1,4 +1,4 @@
-"""What a reproducible WordPiece costs: the tokenize stage's training (`encode._train_wordpiece`: the
+"""What a reproducible WordPiece costs: the tokenize stage's training (`tokenize._train_wordpiece`: the
 ## tokens found from distinct pieces, then one training with them numbered first) against tokenizers'
 plain one-pass training, which numbers those tokens in a per-process hash order
 (huggingface/tokenizers#1794). Also checks that 3 processes of each give the same / different bytes.
@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.config import TokenizeConfig  # noqa: E402
-from pipeline.data import encode  # noqa: E402
+from pipeline.data.stages import tokenize  # noqa: E402
 
 
 def corpus(docs: int, words: int) -> list[str]:
@@ -35,11 +35,11 @@ def corpus(docs: int, words: int) -> list[str]:
 
 def plain(texts: list[str], cfg: TokenizeConfig):
     """tokenizers' own training, as the stage did before (one pass, ## tokens numbered as met)."""
-    return encode._wordpiece(texts, cfg.vocab_size, cfg.min_frequency, [])
+    return tokenize._wordpiece(texts, cfg.vocab_size, cfg.min_frequency, [])
 
 
 def stage(texts: list[str], cfg: TokenizeConfig):
-    return encode._train_wordpiece(texts, cfg)[0]
+    return tokenize._train_wordpiece(texts, cfg)[0]
 
 
 def digest_in_a_process(which: str, args: argparse.Namespace) -> str:

@@ -274,7 +274,7 @@ def _validate_runtime(e: EvalConfig) -> None:
 
 def _validate_labels(cfg: LabelConfig) -> None:
     """label.names and label.rules, checked before any data is read (not when the label stage runs)."""
-    from pipeline.data.label import compile_rules  # the rules' one parser; light (re only)
+    from pipeline.tasks.classification.label import compile_rules  # the rules' one parser; light (re only)
 
     names = [str(n) for n in cfg.names]
     repeated = sorted({n for n in names if names.count(n) > 1})

@@ -25,8 +25,9 @@ import pytest
 
 from pipeline import artifacts
 from pipeline.config import Config, ConfigError, SourceConfig, load_config
-from pipeline.data import runner, sources
-from pipeline.data.common import StageContext
+from pipeline.data import runner
+from pipeline.data.stages import load
+from pipeline.data.engines.base import StageContext
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -77,7 +78,7 @@ def _data_overrides(tmp_path: Path, source: Path, *extra: str) -> list[str]:
 
 def _load(path: Path, **fields) -> object:
     fields = {"format": path.suffix.lstrip(".") or "csv", "path": str(path), "label_field": "label", **fields}
-    return sources.load(None, SourceConfig(**fields), StageContext(out_dir=path.parent))
+    return load.load(None, SourceConfig(**fields), StageContext(out_dir=path.parent))
 
 
 # ---------------------------------------------------------------- item 1: an empty split
@@ -394,7 +395,7 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_no_temporary(tmp_path):
 
 _SWALLOWING_PREPARE = """
 import os, runpy, signal, sys
-from pipeline.data import clean
+from pipeline.data.stages import clean
 real, how = clean._clean_batch, sys.argv[1]
 def swallowing(*args, **kwargs):  # Ctrl-C lands where a finalizer or a library's bare except eats it
     try:
@@ -467,7 +468,7 @@ def test_a_pathological_row_costs_linear_time_or_is_dropped(tmp_path):
     import datasets
 
     from pipeline.config import CleanConfig
-    from pipeline.data.clean import clean
+    from pipeline.data.stages.clean import clean
 
     texts = ["x " * 2_500_000, "<!--" * 100_000 + " tail", "a normal review of a film"]
     ds = datasets.Dataset.from_dict({"id": list("abc"), "text": texts, "label": ["p"] * 3, "source_split": [""] * 3})

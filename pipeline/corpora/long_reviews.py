@@ -75,8 +75,8 @@ def sentence_pools() -> dict:
     import csv
 
     from pipeline.config import load_config
-    from pipeline.data.clean import clean_text
-    from pipeline.data.sources import resolve_path
+    from pipeline.data.stages.clean import clean_text
+    from pipeline.data.stages.load import resolve_path
 
     base = load_config(None)  # the embedded default reads the tweets: its source and clean settings
     clean_cfg = dataclasses.replace(base.clean, urls="remove", mentions="remove", strip_retweet=True)

@@ -28,13 +28,13 @@ class Prepared:
     splits: Any  # datasets.DatasetDict with input_ids, attention_mask, length, label, id, text, chunk
     tokenizer_dir: Path
     label_names: list[str]
-    fingerprint: str
+    fingerprint: str  # content_fingerprint of the last stage: what the data is, whichever code made it
     stage_dir: Path  # the tokenize stage's folder; runner.stage_manifests reads the chain behind it
 
 
 def load_prepared(cfg: Config, config_path: str = "<config>") -> Prepared:
     """Load the prepared data for `cfg`, or explain which prepare command makes it."""
-    from pipeline.data.runner import PREPARED, data_config_fingerprint, load_stage
+    from pipeline.data.runner import PREPARED, data_config_fingerprint, load_stage, stage_content
 
     pointer = cfg.data_dir / PREPARED
     cmd = prepare_command(cfg, config_path)
@@ -56,6 +56,25 @@ def load_prepared(cfg: Config, config_path: str = "<config>") -> Prepared:
         splits=load_stage(stage_dir, "tokenize", cmd),
         tokenizer_dir=stage_dir / "tokenizer",
         label_names=list(info["label_names"]),
-        fingerprint=info["fingerprint"],
+        fingerprint=info.get("content_fingerprint") or stage_content(stage_dir, artifacts.read_json(stage_dir / artifacts.MANIFEST)),
         stage_dir=stage_dir,
     )
+
+
+def is_same_data(recorded: str | None, prep: Prepared) -> bool:
+    """Did a run that recorded data fingerprint `recorded` train on `prep`? Runs record the data's content
+    fingerprint; a run of an older version recorded its last stage's folder fingerprint, which covers
+    the code that made it: that folder, if it is still beside this one, is compared by content."""
+    from pipeline.data.runner import stage_content
+
+    if recorded == prep.fingerprint:
+        return True
+    if not recorded or not all(c in "0123456789abcdef" for c in recorded):
+        return False
+    for folder in prep.stage_dir.parent.glob(f"*-{recorded}"):
+        if artifacts.is_complete(folder):
+            try:
+                return stage_content(folder, artifacts.read_json(folder / artifacts.MANIFEST)) == prep.fingerprint
+            except (OSError, ValueError):
+                return False
+    return False

@@ -7,28 +7,33 @@ is missing (or forced) and every stage after it run again.
 
 "The source of its code" is the stage function's module and every module inside `pipeline/` that it
 imports, directly or through others, at the top or inside a function (read from the source files'
-import statements, not from a list kept by hand), so editing any helper a stage uses reruns it.
+import statements, not from a list kept by hand), so editing any helper a stage uses reruns it. The
+config's modules are not code a stage runs: its section's values are in the key already, so a help
+string or another section's default changes no stage.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pipeline
 from pipeline import artifacts, cli
 from pipeline.config import Config, pretrained_tokenizer_name
-from pipeline.data import clean, dedup, encode, label, sources, split
-from pipeline.data import engines
-from pipeline.data.common import StageContext, StageResult, num_rows
+from pipeline.data.content import content_fingerprint
+from pipeline.data.engines.base import StageContext, StageFailed, StageResult  # noqa: F401 - StageFailed: prepare's
+from pipeline.data.engines.local import LocalEngine
+from pipeline.data.engines.ops import num_rows
+from pipeline.data.stages import clean, dedup, load, split, tokenize
+from pipeline.tasks.classification import label
 
-StageFailed = engines.StageFailed
 PREPARED = "prepared.json"
 STAGE_NAMES = ("load", "clean", "dedup", "split", "label", "tokenize")
 SECTION_OF = {"load": "source"}  # the config section of a stage not named after it
@@ -58,12 +63,12 @@ def stage_table(cfg: Config) -> list[Stage]:
     if tok.kind == "pretrained":  # the tokenizer a name means is the section's (model.name_or_path when empty)
         tok = dataclasses.replace(tok, pretrained=pretrained_tokenizer_name(cfg))
     return [
-        Stage("load", sources.load, cfg.source),
+        Stage("load", load.load, cfg.source),
         Stage("clean", clean.clean, cfg.clean),
         Stage("dedup", dedup.dedup, cfg.dedup),
         Stage("split", split.split, cfg.split, uses=(cfg.dedup,)),  # the leakage check: ctx.similarity
         Stage("label", label.label, cfg.label),
-        Stage("tokenize", encode.encode, tok),
+        Stage("tokenize", tokenize.tokenize, tok),
     ]
 
 
@@ -90,13 +95,18 @@ def _imported_names(path: Path) -> list[str]:
     return [n for n in names if n == "pipeline" or n.startswith("pipeline.")]
 
 
+CONFIG_MODULES = ("pipeline.schema", "pipeline.config")  # the sections' declarations and loader, not a stage's code
+
+
 def code_files(module: str, root: Path = PACKAGE_ROOT) -> list[Path]:
-    """`module`'s file and those of every pipeline module it imports, transitively, sorted."""
+    """`module`'s file and those of every pipeline module it imports, transitively, sorted (the config's
+    modules left out: a stage's section values are in its fingerprint, its help strings change nothing)."""
     seen: dict[str, Path] = {}
     todo = [module]
     while todo:
         name = todo.pop()
-        path = _module_file(name, root) if name not in seen else None
+        skip = name in seen or name in CONFIG_MODULES or name.rpartition(".")[0] in CONFIG_MODULES
+        path = None if skip else _module_file(name, root)
         if path is not None:
             seen[name] = path
             todo += _imported_names(path)
@@ -139,18 +149,19 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
     for folder in (stages_root, cfg.data_dir):  # stage folders; prepared.json and report.json
         artifacts.remove_stale_temporaries(folder)
     _check_output_outside_input(cfg)
-    input_fp = sources.fingerprint(cfg.source)
+    input_fp = load.fingerprint(cfg.source)
     if cfg.tokenize.kind == "pretrained":  # a mistyped tokenizer path fails now, not after five stages
-        from pipeline.data.encode import local_tokenizer
+        from pipeline.data.stages.tokenize import local_tokenizer
 
         local_tokenizer(pretrained_tokenizer_name(cfg))
-    with engines.open_engine(cfg) as engine:
+    with open_engine(cfg) as engine:
         data_dir, manifests, rows = _run_stages(cfg, engine, input_fp, first_forced, progress)
     artifacts.write_json_atomic(
         cfg.data_dir / PREPARED,
         {
             "stage_dir": str(data_dir.resolve()),
             "fingerprint": manifests["tokenize"]["fingerprint"],
+            "content_fingerprint": stage_content(data_dir, manifests["tokenize"]),
             "config_fingerprint": data_config_fingerprint(cfg),
             "label_names": manifests["label"]["stats"]["label_names"],
         },
@@ -184,6 +195,40 @@ def _run_stages(cfg: Config, engine: Any, input_fp: str, first_forced: int, prog
     return data_dir, manifests, rows
 
 
+# Which engine runs the stages (prepare.engine), opened once per prepare and only when a stage has to run:
+# a fully cached rerun never starts or joins Ray. No engine is part of a stage's fingerprint: the engines
+# move data and call the stage's functions, and their outputs are equal (tested).
+
+
+class _Opened:
+    def __init__(self, cfg: Any):
+        self.cfg, self.engine = cfg, None
+
+    def get(self) -> Any:
+        if self.engine is None:
+            if self.cfg.prepare.engine == "ray":
+                from pipeline.data.engines.ray.engine import RayEngine
+
+                self.engine = RayEngine.connect(self.cfg.ray)
+            else:
+                self.engine = LocalEngine(self.cfg.prepare.num_proc)
+        return self.engine
+
+    def close(self) -> None:
+        if hasattr(self.engine, "close"):
+            self.engine.close()
+
+
+@contextlib.contextmanager
+def open_engine(cfg: Any) -> Iterator[_Opened]:
+    """The engine of `cfg` (created by `.get()`); a Ray that this prepare started is stopped after."""
+    opened = _Opened(cfg)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
 def stage_folder(stages_root: Path, k: int, name: str, fp: str) -> Path:
     """Where stage k (`name`) with fingerprint `fp` lives: the one owner of the layout."""
     return stages_root / f"{k}-{name}-{fp}"
@@ -208,14 +253,19 @@ def stage_manifests(stage_dir: Path) -> dict[str, dict]:
 
 def _check_output_outside_input(cfg: Config) -> None:
     """Stages written inside a source folder would change its fingerprint (and its classes) every run."""
-    from pipeline.data import sources
+    from pipeline.data.stages import load
 
     if cfg.source.format == "hub" and not Path(cfg.source.path).exists():
         return
-    src = sources.resolve_path(cfg.source).resolve()
+    src = load.resolve_path(cfg.source).resolve()
     if src.is_dir() and cfg.data_dir.resolve().is_relative_to(src):
         raise ValueError(f"output_dir {cfg.output_dir} is inside source.path {src}: each run would change the input "
                          f"it reads; put output_dir outside it")
+
+
+def stage_content(stage_dir: Path, man: dict) -> str:
+    """A complete stage's content fingerprint: its manifest's, or computed (a folder from an older version)."""
+    return man.get("content_fingerprint") or content_fingerprint(stage_dir)
 
 
 def _cached_manifest(out: Path) -> dict | None:
@@ -274,9 +324,11 @@ def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, ctx: 
         if not (result.data is data and input_dir is not None and artifacts.link_tree(input_dir / "data", tmp / "data")):
             ctx.engine.save(result.data, tmp / "data")  # Ray: a shard per task
         _check_readable(_load(tmp), stage.name)  # a stage that cannot be read back is never marked complete
+        content = content_fingerprint(tmp)  # what it holds, whichever code or engine wrote it
         man = artifacts.manifest(
             stage=stage.name,
             fingerprint=fp,
+            content_fingerprint=content,
             input_fingerprint=input_fp,
             rows_in=rows_in if rows_in is not None else num_rows(result.data) + sum(result.dropped.values()),
             rows_out=num_rows(result.data),

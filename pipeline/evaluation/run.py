@@ -73,7 +73,7 @@ def _onnx_cache(ckpt: Path, model: Any, precision: str, runtime: str) -> Path | 
 def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bool = True) -> dict | None:
     """Run the whole evaluation; the metrics dict on the main process, None on the others."""
     from pipeline.accel import make_accelerator
-    from pipeline.data.prepared import load_prepared
+    from pipeline.data.prepared import is_same_data, load_prepared
 
     prepared = load_prepared(cfg, config_path)
     dataset = select_split(prepared.splits, cfg.eval.split, cfg.data_dir)
@@ -92,7 +92,7 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
         accelerator.end_training()
         return None
     trained_on = model_io.training_data_fingerprint(ckpt)
-    if trained_on not in (None, prepared.fingerprint):
+    if trained_on is not None and not is_same_data(trained_on, prepared):
         print(f"warning: {ckpt} was trained on other prepared data (fingerprint {trained_on}) than this config's "
               f"({prepared.fingerprint}); split '{cfg.eval.split}' may overlap what it was trained on", file=sys.stderr)
     chunk, document, docs = _score(dataset, logits, prepared.label_names)

@@ -138,7 +138,7 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None,
     spe = _steps_per_epoch(cfg.train, acc, len(prep.splits["train"]))
     fps = _fingerprints(cfg, prep.fingerprint, mp)
     ckpt = None if restart else _resolve_resume(acc, cfg.run_dir, resume, config_path)
-    saved = _read_saved(ckpt, fps, acc.num_processes)
+    saved = _read_saved(ckpt, fps, acc.num_processes, prep)
     total = saved.total_steps if saved and cfg.train.max_minutes else (cfg.train.max_steps or cfg.train.epochs * spe)
     s = _build(cfg, config_path, prep, tok, acc, mp, total, spe, saved)
     if cfg.train.max_minutes:  # the budget's step count is fixed at the first launch, kept on resume
@@ -171,11 +171,16 @@ def _steps_per_epoch(t, acc, rows: int) -> int:
     return spe
 
 
-def _read_saved(ckpt: Path | None, fps: dict, world: int) -> TrainState | None:
-    """The checkpoint's state.json, strictly typed, checked to continue this run (before anything is built)."""
+def _read_saved(ckpt: Path | None, fps: dict, world: int, prep) -> TrainState | None:
+    """The checkpoint's state.json, strictly typed, checked to continue this run (before anything is built).
+    Its data is this run's when the content is the same, whichever code prepared it (prepared.is_same_data)."""
     if ckpt is None:
         return None
+    from pipeline.data.prepared import is_same_data
+
     saved = TrainState.read(ckpt / checkpoint.STATE)
+    if is_same_data(saved.fingerprints.get("data"), prep):
+        saved.fingerprints = {**saved.fingerprints, "data": prep.fingerprint}
     check_resumable(saved, fps, world, ckpt)
     return saved
 

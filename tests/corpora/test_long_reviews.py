@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.config import SourceConfig
 from pipeline.corpora import long_reviews as lr
-from pipeline.data.readers import read_folder
+from pipeline.data.io.readers import read_folder
 
 SLICE = Path(__file__).with_name("long_reviews_slice.jsonl")  # reviews(0, 200, 100), as the module's CLI wrote it
 

@@ -12,7 +12,7 @@ import pytest
 def ray_cluster():
     import ray  # in the dev extra: CI runs these tests, it does not skip them
     from pipeline.config import RayConfig
-    from pipeline.data import engine_ray
+    from pipeline.data.engines.ray import engine as engine_ray
 
     engine_ray.start_local(RayConfig(num_cpus=2, object_store_mb=256))
     yield ray

@@ -88,7 +88,7 @@ def test_changed_input_file_invalidates_everything(tmp_path):
 
 
 def test_failed_stage_leaves_no_complete_directory(tmp_path, monkeypatch):
-    from pipeline.data import label
+    from pipeline.tasks.classification import label
 
     cfg = _cfg(tmp_path)
 
@@ -180,11 +180,19 @@ def test_num_proc_does_not_invalidate_the_cache(tmp_path):
     assert all(r["cached"] for r in rows)
 
 
+ALL_STAGES = {"load", "clean", "dedup", "split", "label", "tokenize"}
+
+
 @pytest.mark.parametrize("helper,dependent", [
-    ("data/shingling.py", {"dedup", "split"}),  # MinHash shingles: near-dedup and the leakage check
-    ("data/common.py", {"load", "clean", "dedup", "split", "label", "tokenize"}),  # unit_hash, StageContext
+    ("data/similarity/shingling.py", {"dedup", "split"}),  # MinHash shingles: near-dedup and the leakage check
+    ("data/engines/base.py", ALL_STAGES),  # StageContext, StageResult
+    ("data/engines/ops.py", ALL_STAGES),  # SPLITS, unit_hash, add_up, map_batches
     ("resolve.py", {"tokenize"}),  # which pretrained tokenizer a name means
-    ("data/readers.py", {"load"}),
+    ("data/io/readers.py", {"load"}),
+    ("schema.py", set()),  # the sections' declarations: their values are in each stage's key already
+    ("config.py", set()),  # the loader
+    ("training/loop.py", set()),  # modules no stage runs
+    ("evaluation/run.py", set()),
 ])
 def test_editing_a_helper_changes_exactly_the_stages_that_import_it(helper, dependent, tmp_path):
     import shutil
@@ -198,6 +206,21 @@ def test_editing_a_helper_changes_exactly_the_stages_that_import_it(helper, depe
         f.write("\n# an edit\n")
     after = {s.name: runner.code_fingerprint(s.fn, copy) for s in stages}
     assert {name for name in before if before[name] != after[name]} == dependent
+
+
+def test_editing_a_help_string_or_another_sections_default_reruns_nothing(tmp_path):
+    import shutil
+
+    copy = tmp_path / "pipeline"
+    shutil.copytree(runner.PACKAGE_ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    stages = runner.stage_table(load_config(None))
+    before = {s.name: runner.code_fingerprint(s.fn, copy) for s in stages}
+    schema = (copy / "schema.py").read_text(encoding="utf-8")
+    edited = schema.replace('"seed of model init, data order and dropout"', '"the seed of everything random in training"')
+    edited = edited.replace('opt(5e-5, "peak learning rate"', 'opt(3e-5, "peak learning rate"')
+    assert edited.count("the seed of everything") == 1 and "opt(3e-5" in edited
+    (copy / "schema.py").write_text(edited, encoding="utf-8")
+    assert {s.name: runner.code_fingerprint(s.fn, copy) for s in stages} == before
 
 
 def test_a_rerun_after_editing_a_helper_redoes_the_stages_from_the_first_that_uses_it(tmp_path, monkeypatch):

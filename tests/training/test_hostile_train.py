@@ -84,7 +84,7 @@ def test_an_empty_validation_split_is_refused_before_training(prepared, fresh_ac
 
     from pipeline import artifacts
     from pipeline.data import runner
-    from pipeline.data.common import LocalEngine
+    from pipeline.data.engines.local import LocalEngine
 
     config = prepared()
     info = artifacts.read_json(run_dir(config).parent / "data" / runner.PREPARED)

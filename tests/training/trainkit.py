@@ -37,7 +37,7 @@ def _tokenizer(texts: list[str], kind: str):
     from transformers import PreTrainedTokenizerFast
 
     from pipeline.config import TokenizeConfig
-    from pipeline.data.encode import _train_bpe, _train_wordpiece
+    from pipeline.data.stages.tokenize import _train_bpe, _train_wordpiece
 
     train = _train_bpe if kind == "bpe" else _train_wordpiece
     tok, specials = train(texts, TokenizeConfig(kind=kind, vocab_size=300 if kind == "bpe" else 200, min_frequency=0))

@@ -1,0 +1,387 @@
+"""The Ray engine (prepare.engine=ray): the stages' own functions, run on Ray over Arrow blocks.
+
+What moves and what stays (the engines differ in how they move data, never in what a stage decides):
+- Row-wise work (clean, split's chunking, label, tokenize): the stage's per-batch function, the one
+  the local engine hands to `datasets.map`, runs in Ray tasks, one per block of `ray.blocks` contiguous
+  rows (ray_io.py): each task reads its rows from the stage's files itself (a memory-mapped Dataset
+  pickles as its file names, column operations and row indices, not as rows) and writes them, mapped
+  and cast to the local engine's features, as one Arrow shard under the stage's temporary folder,
+  as save_to_disk's shard writer writes one (ray_io.StageShard; blocks cut as datasets' shard()
+  cuts); the map's result is those shards, memory-mapped, in order. `save`: a split that is exactly
+  tasks' StageShards (load's parts, clean, dedup's kept rows, split's routed splits and chunks, the
+  leakage removal, label, tokenize: ray_io.route writes them too) takes them by a rename (each row
+  written once); any other (a select, pending column operations) is written by a task per shard
+  with datasets' own shard writer; the driver writes only state.json and dataset_info.json (and
+  dataset_dict.json). Each file is byte for byte what save_to_disk writes for its rows, the folder
+  `save_to_disk(num_shards=blocks)`'s where the blocks are even (tested). Plain Ray tasks rather than Ray
+  Data's map_batches: Ray Data neither reads a datasets folder through its indices and column
+  operations nor writes datasets' layout, and the stage's rows must not come back to the driver.
+- Dedup (ray_dedup.py, the shuffle in shuffle.py; minhash.py does the arithmetic, ray_tasks.py holds
+  the shuffle's task bodies and shapes), a chain of Ray tasks over global row numbers:
+  1. per block: a 128-bit hash of each normalized text, hash-partitioned; per partition, the exact
+     groups (equal hashes, texts compared by the task: a collision never merges two texts), each
+     labelled by its smallest row;
+  2. the near search over each block's rows less the exact copies of smaller rows: signatures and band
+     keys (`minhash._sketch_chunk`, `minhash._band_keys`) hash-partitioned by band key (the sketch stays
+     in the object store), candidate pairs per partition re-partitioned by pair, the rows each pair
+     partition names cut out of each block's sketch where the block lies, the candidates verified with
+     exact Jaccard (`minhash.ShingleSets`) from those rows only: no task receives a whole block's sketch;
+  3. connected components: `minhash.union_find` on the driver over only the verified pairs' endpoints
+     when there are at most `ray.driver_edges` pairs, else min-label propagation over the edge shards
+     where they lie (each round: each shard lowers its nodes' labels to their neighbours', one merge
+     task min-reduces and pointer-jumps them, until nothing changes; the (rows,) label vector lives in
+     the object store and that task, never on the driver);
+  4. a join gives each clustered row its cluster's key (a row), a shuffle by key brings each cluster
+     whole to one task, which reads its rows' id, text and source_split and runs dedup.plan_rows (the
+     local engine's rule) on them, writing its clusters' report lines sorted by kept id; the driver
+     merges those files into clusters.jsonl, streaming; then one task per block writes the block's rows
+     less the removed ones as a shard.
+  A component's label is its smallest row, so the clusters, kept rows and report are the local
+  engine's exactly (tested at 1, 2 and 7 blocks, shuffled, both components methods). A giant
+  component lands whole in one planning task.
+- The leakage check (split): the same shuffle over train + validation/test (the sketch tasks reading
+  both sides' rows), keeping only the pairs across the two sides (a band-key join), verified; each
+  query's best match chosen as locally; the ids of only the rows with a hit fetched by tasks.
+- Reductions and filtered maps: a stage's counts, label sets and length histograms come from
+  `reduce` (each task reads only the columns it needs of a block from the stage's files and returns
+  a small partial: a Counter, a set, per-row fixed-width values; the driver combines them in row
+  order), and clean's map, counts and filter are one pass of `map_filter` tasks that write only the
+  kept rows (ray_io.py), as are label's map and filter with label.unknown=drop.
+- Split's rows (ray_split.py): one pass of tasks computes each row's split by split.py's rules and
+  writes each split's rows as that split's shard (a split is its shards, memory-mapped, in order);
+  stratified, each class's cuts are found first by a distributed selection (a histogram of the
+  hash's top bits summed by tasks, then the (hash, id) of only the rows in the cuts' buckets); the
+  leakage check's removal is a pass of tasks that write the other rows.
+- Load (ray_load.py): the source read in parts (parts.py: byte ranges at line starts, a quoted CSV's
+  at record starts found by quote parity, row groups, a label folder's files, a hub split's row
+  ranges) by tasks that run the local engine's reader and write the rows as Arrow
+  files; ids numbered and checked across parts by a shuffle of fixed-width keys (min(parts, blocks)
+  partitions); the driver adds up the parts' counts and facts by the rules of one whole read
+  (load.settle). The stage's rows are the last round's StageShards, renamed into the stage
+  folder: each row written twice in all (round 1's file, the shard).
+
+What still runs on the driver (the process that runs prepare), and what it holds:
+- load: the parts' plan (cut points, a CSV's quote count and first line starts per range, row group
+  numbers, a label folder's file list), their counts and first errors, the five ids a repeated-id
+  error names; a `hub` dataset's download (datasets.load_dataset writes its Arrow files into the HF
+  cache; the driver keeps them memory-mapped and hands tasks row ranges of them; a split that is not
+  memory-mapped is read here whole, as locally); a CSV whose quotes quote parity cannot model (a
+  quote inside an unquoted value, say) is read by one task;
+- clean, label, tokenize: none of their rows or columns. The driver receives per block the drop
+  counts (clean), the class names found with their counts and first 3 ids each (label), a
+  histogram of token lengths (tokenize, tallied in the map tasks, which drop its `truncated` column);
+  it keeps memory-mapped views of the shards the tasks wrote; with label.unknown=drop, the kept rows'
+  count per block. One exception: training a tokenizer reads the
+  train texts here (the tokenizers trainer; a sample would not give the local tokenizer);
+- split: no per-row array. The distinct source split names (or labels: the classes), each block's
+  row count per split, memory-mapped views of the shards; stratified, one histogram of classes x
+  2^16 int64 counts (whatever the rows and blocks; fewer buckets for many classes, at most 32 MiB)
+  and the hash, id and row of the rows in the cuts' buckets (~2 per 2^16 rows of a class), then two
+  thresholds per class; the leakage check: each query's best match, the ids of the rows with a hit,
+  and those rows' indices (the rest are written by tasks);
+- the stage folders are written by the tasks (above), so every node must see output_dir (shared
+  storage on a cluster; a task that cannot see a stage's file fails naming it in one line);
+- dedup: no text, id or source_split column and no per-row array (tested: the bytes it receives do not
+  grow with the rows): the source_split column's distinct values with their counts, O(blocks x
+  partitions) object refs, counts, the verified pairs when at most `ray.driver_edges` (16 B each; the
+  union-find then over their endpoints only), and clusters.jsonl streamed from the planning tasks' files.
+Measured (bench_ray.py --before, loaded machine, bench/RESULTS.md): the Ray dedup's driver anonymous memory
+grows 25 B per short document (was 215 B; its RSS 123 B, was 332 B, the rest mapped Arrow file pages;
+~half of the 25 B is Ray keeping task returns under 100 KiB in their owner's, the driver's, memory).
+
+A task whose worker dies is rerun by Ray up to `ray.max_retries` times (a rerun map or save task
+writes its shard again from the start); past that the stage fails with `StageFailed` (one line)
+and, since its folder is only renamed into place when complete, nothing of it is taken as done
+(nor when prepare dies between two of `save`'s renames: the shards lie in that temporary folder).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from pipeline.schema import RayConfig
+from pipeline.data.engines.base import StageFailed
+from pipeline.data.engines.ray import shuffle
+from pipeline.data.engines.ray import io as ray_io
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # what workers put on sys.path: this checkout's `pipeline`
+SCRATCH = ".ray-maps"  # inside a running stage's temporary folder: the shards its maps wrote
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("prepare.engine=ray needs Ray Data: pip install -c constraints.txt "
+                         "'finetune-pipeline[ray]' (or set prepare.engine=local)") from None
+    return ray
+
+
+def _probe(host: str, port: int, timeout: float) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _bootstrap(address: str) -> str:
+    """host:port that `address` (auto, host:port, ray://host:port) points at; '' when auto finds none."""
+    if address == "auto":
+        address = os.environ.get("RAY_ADDRESS", "")
+        current = Path("/tmp/ray/ray_current_cluster")  # where `ray start` records the local head
+        if not address and current.is_file():
+            address = current.read_text(encoding="utf-8").strip()
+    return address.removeprefix("ray://")
+
+
+def check_address(address: str, timeout: float) -> None:
+    """Fail in `timeout` seconds, in one line, when nothing answers at a Ray address (ray.init would
+    otherwise retry for minutes)."""
+    target = _bootstrap(address)
+    if not target:
+        raise ValueError("ray.address=auto: no running Ray cluster found (no RAY_ADDRESS, no `ray start` on this "
+                         "machine); start one with `ray start --head`, or set ray.address= (empty) to start a local Ray")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"ray.address={address!r} is not auto, host:port or ray://host:port")
+    if not _probe(host, int(port), timeout):
+        raise ValueError(f"ray.address={address}: nothing answers at {host}:{port} within {timeout:g} s "
+                         f"(ray.connect_timeout_s); start the cluster or fix the address, or set ray.address= "
+                         f"(empty) to start a local Ray")
+
+
+def start_local(cfg: RayConfig) -> None:
+    """Start a Ray on this machine whose workers import this checkout's `pipeline`."""
+    ray = _import_ray()
+    path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)  # inherited by workers
+    try:
+        ray.init(num_cpus=cfg.num_cpus or None, include_dashboard=False, log_to_driver=False,
+                 object_store_memory=cfg.object_store_mb * 2**20 if cfg.object_store_mb else None,
+                 logging_level="ERROR", configure_logging=True)
+    finally:
+        os.environ["PYTHONPATH"] = path
+        if not path:
+            del os.environ["PYTHONPATH"]
+
+
+class RayEngine:
+    name = "ray"
+
+    def __init__(self, cfg: RayConfig, started: bool):
+        self.cfg, self.started = cfg, started
+        self.scratch, self._maps = None, 0  # where maps write their shards (see `stage`), and how many so far
+        self.owned: set[str] = set()  # the StageShards this stage's tasks wrote: `save` may rename them
+        self.cpus = max(1, int(_import_ray().cluster_resources().get("CPU", 1)))
+
+    @classmethod
+    def connect(cls, cfg: RayConfig) -> RayEngine:
+        """Use the Ray this process is already attached to, join `ray.address`, or start a local one."""
+        ray = _import_ray()
+        if ray.is_initialized():
+            return cls(cfg, started=False)
+        if not cfg.address:
+            start_local(cfg)
+            return cls(cfg, started=True)
+        check_address(cfg.address, cfg.connect_timeout_s)
+        try:  # the cluster's nodes need this code at the same path (as training's machines do)
+            ray.init(address=cfg.address, log_to_driver=False, logging_level="ERROR",
+                     runtime_env={"env_vars": {"PYTHONPATH": str(REPO_ROOT)}})
+        except (ConnectionError, RuntimeError, TimeoutError) as e:
+            raise ValueError(f"ray.address={cfg.address}: cannot join the cluster: {' '.join(str(e).split())}") from None
+        return cls(cfg, started=True)
+
+    def close(self) -> None:
+        if self.started:
+            _import_ray().shutdown()
+
+    # ------------------------------------------------------------ common
+    def blocks(self, rows: int) -> int:
+        """How many Arrow blocks (and shuffle partitions) `rows` rows are cut into."""
+        return max(1, min(rows, self.cfg.blocks or 4 * self.cpus))
+
+    def task_options(self) -> dict:
+        opts = {"num_cpus": self.cfg.cpus_per_task, "max_retries": self.cfg.max_retries}
+        return {**opts, "memory": self.cfg.memory_per_task_mb * 2**20} if self.cfg.memory_per_task_mb else opts
+
+    def get(self, refs: Any, what: str) -> Any:
+        """ray.get, with a lost worker as one line and a stage's own error as itself."""
+        ray = _import_ray()
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(getattr(e, "cause", None), Exception) and not isinstance(e.cause, ray.exceptions.RayError):
+                raise e.cause from None
+            raise self._failed(what, e) from None
+        except ray.exceptions.RayError as e:
+            raise self._failed(what, e) from None
+
+    def _failed(self, what: str, e: Exception) -> StageFailed:
+        first = re.sub(r"\x1b\[[0-9;]*m", "", (str(e).strip().splitlines() or [""])[0])[:200]  # no colour codes
+        return StageFailed(f"{what} on Ray failed: a worker was lost and ray.max_retries={self.cfg.max_retries} "
+                           f"reruns did not finish it ({type(e).__name__}: {first}); nothing of this stage was "
+                           f"saved: run prepare again (the stages before it are reused)")
+
+    # ------------------------------------------------------------ row-wise stages and stage folders
+    @contextlib.contextmanager
+    def stage(self, tmp: Path) -> Iterator[None]:
+        """While a stage runs in its temporary folder `tmp`: the maps' shards go under it (so every
+        node writes where the stage's folder is), and are removed before the folder is renamed."""
+        self.scratch, self.owned = tmp / SCRATCH, set()
+        try:
+            yield
+        finally:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch, self.owned = None, set()
+
+    def map_folder(self) -> Path:
+        """A new folder for one map's shards: under the running stage's folder, else a temporary one."""
+        self.scratch = self.scratch or Path(tempfile.mkdtemp(prefix="ray-map-"))  # a stage called outside the runner
+        self._maps += 1
+        (folder := self.scratch / f"map-{self._maps:04d}").mkdir(parents=True)
+        return folder
+
+    def map_batches(self, ds: Any, fn: Any, added: dict, *, remove_columns: Any = None, batch_size: int = 1000,
+                    min_rows_per_proc: int = 0, desc: str = "map", **_: Any) -> Any:
+        """What `ops.map_batches(ds, fn, added, ...)` returns, with `fn` run by Ray tasks that each read
+        a block of `ds`'s rows from its files and write their mapped rows as one Arrow shard; the result
+        is those shards, memory-mapped, in order (the driver holds none of the rows)."""
+        from pipeline.data.engines.ops import map_batches
+
+        if not ds.num_rows:
+            return map_batches(ds, fn, added, remove_columns=remove_columns)
+        return self._map_shards(ds, fn, added, remove_columns, batch_size, desc)[0]
+
+    def _map_shards(self, ds: Any, fn: Any, added: dict, remove_columns: Any, batch_size: int, desc: str,
+                    **filtered: Any) -> tuple[Any, list]:
+        """(the shards, memory-mapped, in order; each task's tally) of ray_io.map_shard over `ds`'s
+        blocks; `filtered`: map_filter's keep, drop, tally and combine."""
+        import datasets
+
+        removed = list(remove_columns or [])
+        features = datasets.Features({**{k: v for k, v in ds.features.items() if k not in removed}, **added})
+        folder, bounds = self.map_folder(), self.block_bounds(ds.num_rows)
+        paths = [str(folder / f"shard-{k:05d}.arrow") for k in range(len(bounds))]
+        task = _import_ray().remote(ray_io.map_shard).options(**self.task_options())
+        source = ray_io.pack(ds)  # file names, column operations and row indices, not the rows
+        done = self.get([task.remote(source, s, e, fn, removed, features, p, batch_size, **filtered)
+                          for (s, e), p in zip(bounds, paths)], desc)
+        self.owned.update(paths)  # StageShards: what save_to_disk writes for their rows
+        return datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths]), [t for _, t in done]
+
+    def save(self, data: Any, folder: Path) -> None:
+        """`data` (a Dataset or DatasetDict) written to `folder` as save_to_disk lays it out: a split
+        that is exactly one map's shards by renaming them (ray_io.renamable; a crash between renames
+        leaves them in the stage's temporary folder, never renamed into place), any other each shard
+        by a Ray task from the rows' own files; the metadata by the driver once every shard is in place."""
+        import datasets
+
+        ray = _import_ray()
+        splits = [("", data)] if isinstance(data, datasets.Dataset) else list(data.items())
+        if not isinstance(data, datasets.Dataset):
+            ray_io.write_splits(folder, [name for name, _ in splits])
+        task = ray.remote(ray_io.save_shard).options(**self.task_options())
+        jobs, written, moves = [], [], []
+        for name, ds in splits:
+            where = folder / name if name else folder
+            where.mkdir(parents=True, exist_ok=True)
+            if (found := ray_io.renamable(ds, self.owned, where)) is not None:  # each row written once
+                self.owned.difference_update(p for p, _ in found)  # a split naming them again is rewritten
+                moves.append((found, where))
+                written.append((ds, where, len(found)))
+                continue
+            n, size = ray_io.num_shards(ds, self.blocks(ds.num_rows)), ray_io.writer_batch_size(ds)
+            packed = ray_io.pack(ds)
+            jobs += [task.remote(packed, n, k, str(p), size) for k, p in enumerate(ray_io.shard_paths(where, n))]
+            written.append((ds, where, n))
+        self.get(jobs, "saving the stage")
+        for found, where in moves:  # after the writes: another split's rows may be read from these files
+            ray_io.rename_shards(found, where)
+        for ds, where, n in written:
+            ray_io.write_metadata(ds, where, n)
+
+    # ------------------------------------------------------------ load: the sources read by tasks
+    def load_source(self, path: Path, cfg: Any, where: str, read_whole: Any = None) -> tuple:
+        """`read_whole`'s answer (load.read_source: Dataset, drops by reason, rows read), the source
+        read in parts by Ray tasks with the same readers and rules, which write its rows as shards
+        (ray_load.py); the driver holds none of them."""
+        from pipeline.data.engines.ray import load as ray_load
+
+        return ray_load.load(self, path, cfg, where)
+
+    # ------------------------------------------------------------ reductions and filtered maps (issue 15)
+    def block_bounds(self, rows: int) -> list[tuple[int, int]]:
+        """(start, end) of each block of contiguous rows, as map_batches cuts them: where datasets'
+        `shard(n, k, contiguous=True)` cuts, so a map's shards are save_to_disk's (ray_io.StageShard)."""
+        n = self.blocks(rows)
+        div, mod = divmod(rows, n)  # datasets' contiguous shard(n, k): the first `mod` blocks one row longer
+        starts = [div * k + min(k, mod) for k in range(n + 1)]
+        return list(zip(starts[:-1], starts[1:]))
+
+    def reduce(self, ds: Any, fn: Any, combine: Any, columns: list[str], *, batch_size: int = 10_000,
+               desc: str = "reduce") -> Any:
+        """What `LocalEngine.reduce` returns, from Ray tasks that each read `columns` of a block of
+        `ds`'s rows from its files and return combine([fn(batch), ...]); the driver receives only
+        those partials, one per block, and combines them in row order."""
+        from pipeline.data.engines.local import LocalEngine
+
+        if not ds.num_rows:
+            return LocalEngine.reduce(self, ds, fn, combine, columns)
+        task = _import_ray().remote(ray_io.reduce_shard).options(**self.task_options())
+        source = ray_io.pack(ds)
+        return combine(self.get([task.remote(source, s, e, fn, combine, columns, batch_size)
+                                  for s, e in self.block_bounds(ds.num_rows)], desc))
+
+    def map_filter(self, ds: Any, fn: Any, added: dict, keep: Any, *, drop: list[str], tally: Any, combine: Any,
+                   remove_columns: Any = None, batch_size: int = 1000, desc: str = "map", **_: Any) -> tuple[Any, Any]:
+        """What `LocalEngine.map_filter` returns, in one pass of Ray tasks: each maps a block of rows
+        read from `ds`'s files, tallies the mapped batches, writes only the kept rows (less `drop`) as
+        one Arrow shard and returns its tally; the driver holds none of the rows."""
+
+        from pipeline.data.engines.local import LocalEngine
+
+        if not ds.num_rows:
+            return LocalEngine.map_filter(self, ds, fn, added, keep, drop=drop, tally=tally, combine=combine,
+                                          remove_columns=remove_columns)
+        kept, tallies = self._map_shards(ds, fn, added, remove_columns, batch_size, desc, keep=keep, drop=list(drop),
+                                         tally=tally, combine=combine)
+        return kept, combine(tallies)
+
+    # ------------------------------------------------------------ dedup and the leakage check (shuffle.py)
+    def cross_duplicates(self, reference: Any, query: Any, cfg: Any, threshold: float, find: Any = None) -> list:
+        """minhash.cross_duplicates's answer for the two datasets' texts, by a band-key join on Ray
+        (shuffle.cross_duplicates; `find`, the stage's in-process search, is the local engine's)."""
+        return shuffle.cross_duplicates(self, reference, query, cfg, threshold)
+
+    def dedup(self, ds: Any, cfg: Any, splits: Any, report: Path, local: Any = None) -> tuple:
+        """The dedup stage's work on `ds` (kept rows, drops, stats, test split counts; the report written to
+        `report`), as `local` (dedup.dedup_lists, the local engine's) gives it, by a chain of Ray tasks
+        that leaves no per-row state on the driver (ray_dedup.py)."""
+        from pipeline.data.engines.ray import dedup as ray_dedup
+
+        if not ds.num_rows:
+            return local(ds, cfg, splits, report, 1)
+        return ray_dedup.dedup(self, ds, cfg, splits, report)
+
+    # ------------------------------------------------------------ split's rows, routed by tasks (ray_split.py)
+    def split_rows(self, ds: Any, cfg: Any, split_local: Any = None) -> tuple[dict, bool]:
+        """split.split_rows's answer from tasks that write each split's rows (`split_local` is the local way)."""
+        from pipeline.data.engines.ray import split as ray_split
+
+        return ray_split.split_rows(self, ds, cfg)
+
+    def drop_rows(self, ds: Any, rows: list[int]) -> Any:
+        """`ds` without `rows` (ascending), written by tasks that copy the other rows (no indices here)."""
+        from pipeline.data.engines.ray import split as ray_split
+
+        return ray_split.drop_rows(self, ds, rows)

@@ -1,0 +1,371 @@
+"""MinHash near-duplicate detection, vectorized: shingles, signatures, LSH, clustering.
+
+For N texts (shapes in the comments):
+ 1. Shingle hashes: every shingle hashed ONCE to a 64-bit int, in numpy over the code points of a
+    whole batch of texts (no Python call per shingle): `hashes` (S,) and `offsets` (N+1,).
+ 2. Signatures in datasketch's "affine32" scheme for all permutations at once:
+    sig[d, p] = min over shingles h of d of (a_p * fmix32(h mod 2^32) + b_p) mod 2^32, (N, P) uint32;
+    bit-identical to `datasketch.MinHash(num_perm=P, seed=seed, hashfunc=<h mod 2^32>)` fed the same
+    shingles (tested), so signatures can go straight into datasketch objects.
+ 3. LSH with the band layout of datasketch's `MinHashLSH` (bands x rows from the config, or its own
+    optimal choice for the threshold). `cross_duplicates` indexes the reference set in a real
+    `MinHashLSH` and queries it; the self-join of `near_duplicate_pairs` groups equal bands with a
+    sort instead, which yields the same candidate pairs (tested) at a fraction of the cost of
+    inserting every document into the index one Python call per band.
+ 4. Candidate pairs checked with exact Jaccard of the shingle-hash sets (or the signature estimate),
+    then clustered with union-find.
+
+Shingling and shingle hashing live in pipeline/data/similarity/shingling.py.
+"""
+
+from __future__ import annotations
+
+import functools
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+
+import numpy as np
+
+from pipeline.data.similarity.shingling import GOLD, U64, _ranges, fmix64, shingle_hashes
+from pipeline.data.similarity.shingling import normalize_text, shingles, text_hashes  # noqa: F401 - part of this module's API
+
+_SIGNATURE_BLOCK = 1 << 20  # uint32 values per signature block: 4 MiB; a block of 2^17 costs ~3x more
+# (each ufunc call loops over P rows), one of 2^22 ~2x (out of cache): bench/RESULTS.md
+_MIN_DOCS_PER_PROC = 2000  # below this a worker process costs more than it saves
+_SORTED_PER_BLOCK = 1 << 22  # shingle ranks sorted at once by ShingleSets.jaccard: 32 MiB of int64
+
+
+# ---------------------------------------------------------------- signatures
+
+
+def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """datasketch's affine32 permutation parameters: a (odd) and b, two (P,) uint32 arrays, drawn
+    as `datasketch.MinHash(num_perm, seed)` draws them (a test keeps the two equal), without
+    importing datasketch, whose import (scipy) would cost every worker process seconds."""
+    gen = np.random.RandomState(seed)
+    a = gen.randint(0, 1 << 31, num_perm, dtype=np.uint32) * np.uint32(2) + np.uint32(1)
+    b = gen.randint(0, 1 << 32, num_perm, dtype=np.uint32)
+    return a, b
+
+
+def _fmix32(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 32-bit finalizer, as datasketch applies it before its permutations (in place
+    after its first step: two arrays allocated, not nine)."""
+    shifted = h >> np.uint32(16)
+    h = h ^ shifted
+    h *= np.uint32(0x85EBCA6B)
+    np.right_shift(h, np.uint32(13), out=shifted)
+    h ^= shifted
+    h *= np.uint32(0xC2B2AE35)
+    np.right_shift(h, np.uint32(16), out=shifted)
+    h ^= shifted
+    return h
+
+
+def hash32(hashes: np.ndarray) -> np.ndarray:
+    """The 32-bit shingle hash the signatures are built from (what datasketch's `hashfunc` returns)."""
+    return hashes.astype(np.uint32)  # the low 32 bits: a cast to a narrower unsigned type wraps
+
+
+def signatures_from_hashes(hashes: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int) -> np.ndarray:
+    """(N, P) uint32 MinHash signatures from shingle hashes (S,) and offsets (N+1,); a text
+    without shingles keeps datasketch's empty value 2^32 - 1 everywhere.
+
+    The shingles are taken in chunks of _SIGNATURE_BLOCK // P, whatever texts they belong to:
+    per chunk one (P, chunk) multiply and add give every permutation of every shingle, and one
+    `minimum.reduceat` along the rows gives each text's minimum over its run of the chunk, folded
+    into its signature (a text crossing a chunk edge is folded once per chunk). The work is linear
+    in S, so one 5 MB text costs what the same shingles in many short texts cost.
+    """
+    a, b = permutations(num_perm, seed)
+    a, b = a[:, None], b[:, None]  # (P, 1)
+    h = _fmix32(hash32(hashes))
+    sig = np.full((len(offsets) - 1, num_perm), 0xFFFFFFFF, dtype=np.uint32)
+    chunk = max(1, _SIGNATURE_BLOCK // num_perm)
+    block = np.empty((num_perm, min(chunk, len(h))), dtype=np.uint32)
+    for s in range(0, len(h), chunk):
+        e = min(s + chunk, len(h))
+        # the text holding shingle s, up to the last one starting before e, less the empty ones
+        docs = np.arange(np.searchsorted(offsets, s, side="right") - 1, np.searchsorted(offsets, e))
+        docs = docs[offsets[docs + 1] > offsets[docs]]
+        t = block[:, : e - s]
+        np.multiply(a, h[None, s:e], out=t)
+        np.add(t, b, out=t)
+        part = np.minimum.reduceat(t, np.maximum(offsets[docs], s) - s, axis=1)  # (P, texts)
+        sig[docs] = np.minimum(sig[docs], part.T)
+    return sig
+
+
+@dataclass
+class Sketch:
+    """Everything MinHash knows about N texts."""
+
+    sig: np.ndarray  # (N, P) uint32 signatures
+    hashes: np.ndarray  # (S,) uint64 shingle hashes; text i owns hashes[offsets[i]:offsets[i+1]]
+    offsets: np.ndarray  # (N+1,) int64
+
+
+def _sketch_chunk(texts: list[str], unit: str, n: int, num_perm: int, seed: int, normalized: bool) -> Sketch:
+    hashes, offsets = shingle_hashes(texts, unit, n, normalized)
+    return Sketch(signatures_from_hashes(hashes, offsets, num_perm, seed), hashes, offsets)
+
+
+def _as_list(texts) -> list[str]:
+    """A list of str from a list, tuple or `datasets` Column (whose whole slice is a list)."""
+    return texts if isinstance(texts, list) else list(texts[:])
+
+
+def sketch(texts: list[str], cfg, num_proc: int = 1, normalized: bool = False) -> tuple[Sketch, int]:
+    """Shingle and sign `texts` with `cfg` (a DedupConfig); returns the sketch and the number of
+    processes used (normalized: see `shingle_hashes`). Each text's result depends on that text
+    alone, so any split into contiguous chunks over processes gives the same arrays as one process."""
+    texts = _as_list(texts)
+    args = (cfg.shingle, cfg.ngram, cfg.num_perm, cfg.seed, normalized)
+    procs = max(1, min(num_proc, len(texts) // _MIN_DOCS_PER_PROC))
+    if procs == 1:
+        return _sketch_chunk(texts, *args), 1
+    bounds = np.linspace(0, len(texts), procs + 1).astype(int)
+    chunks = [texts[s:e] for s, e in zip(bounds[:-1], bounds[1:])]
+    # forkserver: safe when the parent holds threads (Arrow's pool), unlike fork; its server
+    # imports this module once, so each worker starts without importing numpy again
+    context = get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    with ProcessPoolExecutor(procs, mp_context=context) as pool:
+        parts = list(pool.map(_sketch_chunk, chunks, *[[x] * procs for x in args]))
+    shift = np.cumsum([0] + [len(p.hashes) for p in parts[:-1]])
+    offsets = np.concatenate([np.zeros(1, np.int64)] + [p.offsets[1:] + k for p, k in zip(parts, shift)])
+    return Sketch(np.concatenate([p.sig for p in parts]), np.concatenate([p.hashes for p in parts]), offsets), procs
+
+
+# ---------------------------------------------------------------- LSH
+
+
+# LSH weights (false positive, false negative) when candidates are checked with exact Jaccard: a
+# false positive then costs one check, a false negative a missed duplicate. On 20k distinct tweets
+# at threshold 0.5 and 128 permutations, datasketch's even weights give 25 x 5 and recall 0.948;
+# these give 32 x 4 and recall 0.995 for 17% more candidates (bench/bench_dedup.py).
+RECALL_WEIGHTS = (0.1, 0.9)
+
+
+@functools.lru_cache(maxsize=16)
+def lsh_params(threshold: float, num_perm: int, bands: int = 0, rows: int = 0, verify: bool = True) -> tuple[int, int]:
+    """(bands, rows): the configured ones, or datasketch's `MinHashLSH` choice minimising the
+    weighted false positive and false negative areas under the S-curve 1 - (1 - J^rows)^bands
+    around `threshold` (weights RECALL_WEIGHTS when verified, datasketch's (0.5, 0.5) otherwise)."""
+    if bands and rows:
+        if bands < 2:
+            raise ValueError(f"dedup.bands is {bands}: datasketch's MinHashLSH needs at least 2 bands")
+        return bands, rows
+    from datasketch import MinHashLSH
+
+    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=RECALL_WEIGHTS if verify else (0.5, 0.5))
+    return lsh.b, lsh.r
+
+
+def _band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """(bands, N) uint64 hash of each text's bands sig[:, k*rows:(k+1)*rows] (datasketch's
+    hashranges). Equal bands give equal keys; unequal ones collide with chance ~2^-64."""
+    cols = sig[:, : bands * rows].reshape(len(sig), bands, rows)
+    key = np.zeros((len(sig), bands), dtype=U64)
+    for j in range(rows):
+        key = fmix64(key * GOLD + cols[:, :, j])
+    return np.ascontiguousarray(key.T)
+
+
+def _pairs_within_groups(members: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """All pairs inside consecutive groups of `members` with the given sizes: (K, 2) int64."""
+    starts = np.repeat(np.cumsum(sizes) - sizes, sizes)
+    rank = np.arange(len(members)) - starts  # position inside its group
+    later = np.repeat(sizes, sizes) - rank - 1  # partners after it in the group
+    left = np.repeat(np.arange(len(members)), later)
+    right = left + 1 + np.arange(len(left)) - np.repeat(np.cumsum(later) - later, later)
+    return np.stack([members[left], members[right]], axis=1)
+
+
+def band_candidates(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """Candidate pairs (K, 2) int64, i < j, sorted: texts whose signatures agree on all `rows`
+    values of at least one of `bands` bands, which is what datasketch's MinHashLSH answers.
+
+    One sort per band groups equal band keys: the text index is packed into the low `bits` bits
+    of its key, so a plain (SIMD) sort of uint64 replaces an argsort. Truncating the key to its
+    top 64 - bits bits can only add a candidate (two different bands colliding, chance
+    2^-(64-bits) per pair and band), which the Jaccard check then removes."""
+    n = len(sig)
+    if n < 2:
+        return np.zeros((0, 2), dtype=np.int64)
+    bits = (n - 1).bit_length()
+    mask = U64((1 << bits) - 1)
+    packed = np.sort((_band_keys(sig, bands, rows) & ~mask) | np.arange(n, dtype=U64), axis=1)
+    head = np.ones(packed.shape, dtype=bool)  # (bands, N): starts a group of equal keys
+    head[:, 1:] = (packed[:, 1:] >> U64(bits)) != (packed[:, :-1] >> U64(bits))
+    starts = np.flatnonzero(head.ravel())
+    sizes = np.diff(np.append(starts, head.size))
+    if not (sizes > 1).any():
+        return np.zeros((0, 2), dtype=np.int64)
+    members = (packed.ravel() & mask).astype(np.int64)[np.repeat(sizes > 1, sizes)]
+    pairs = _pairs_within_groups(members, sizes[sizes > 1])  # ascending index inside a group: i < j
+    codes = np.unique(pairs[:, 0] * n + pairs[:, 1])
+    return np.stack([codes // n, codes % n], axis=1)
+
+
+def exact_jaccard(sk: Sketch, pairs: np.ndarray) -> np.ndarray:
+    """(K,) exact Jaccard of the shingle(-hash) sets of each pair (K, 2) of sketch rows."""
+    return ShingleSets(sk, pairs).jaccard(pairs)
+
+
+def _hash_runs(hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(U,) int64 permutation that puts equal hashes next to each other, and (U,) bool, True where
+    a new hash starts in that order. One plain sort of uint64 (a SIMD sort; argsort costs ~6x
+    more): each hash's index replaces its low `bits` bits. Two different hashes can then only
+    interleave if their other bits agree (chance ~U^2 / 2^65 among U hashes); such runs, if any,
+    are put in order by the whole hash, so the grouping is exact."""
+    bits = max(1, (len(hashes) - 1).bit_length())
+    mask = U64((1 << bits) - 1)
+    keys = np.sort((hashes & ~mask) | np.arange(len(hashes), dtype=U64))
+    order = (keys & mask).astype(np.int64)
+    ordered = hashes[order]
+    new = np.ones(len(hashes), dtype=bool)
+    new[1:] = ordered[1:] != ordered[:-1]
+    same_top = (keys[1:] ^ keys[:-1]) <= mask
+    if (new[1:] & same_top).any():
+        run = np.concatenate(([0], np.cumsum(~same_top)))  # (U,) run of equal top bits
+        at = np.flatnonzero(np.isin(run, run[1:][new[1:] & same_top]))
+        order[at] = order[at][np.lexsort((ordered[at], run[at]))]
+        ordered = hashes[order]
+        new[1:] = ordered[1:] != ordered[:-1]
+    return order, new
+
+
+class ShingleSets:
+    """The distinct shingles of some sketched texts as dense ranks (U,), sorted within each text,
+    with offsets (T+1,). Built once (one sort of their hashes), they give the exact Jaccard of
+    any pairs among those texts for one sort of the pairs' ranks, so the check of the candidates
+    and the report's similarities share the work."""
+
+    def __init__(self, sk: Sketch, rows: np.ndarray):
+        self.rows = np.unique(rows)  # (T,) sketch rows
+        counts = sk.offsets[self.rows + 1] - sk.offsets[self.rows]
+        hashes = sk.hashes[_ranges(sk.offsets[self.rows], counts)]
+        order, new = _hash_runs(hashes)
+        self.bits = max(1, int(new.sum()).bit_length())  # a rank fits in the low `bits` bits
+        owner = np.repeat(np.arange(len(self.rows)), counts)[order]
+        keys = np.sort((owner << self.bits) | (np.cumsum(new) - 1))  # by text, then by rank
+        first = np.ones(len(keys), dtype=bool)
+        first[1:] = keys[1:] != keys[:-1]
+        keys = keys[first]  # a shingle repeated in a text counts once
+        self.ranks = keys & ((1 << self.bits) - 1)
+        self.offsets = np.zeros(len(self.rows) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(keys >> self.bits, minlength=len(self.rows)), out=self.offsets[1:])
+
+    def jaccard(self, pairs: np.ndarray) -> np.ndarray:
+        """(K,) exact Jaccard of each pair of rows (all among `rows`). Per block of pairs, both
+        texts' ranks tagged with the pair's index and sorted: a repeat is a shared shingle. Each
+        text's ranks are sorted already, so the keys are runs that a stable sort (timsort) merges
+        in about linear time, ~4x faster here than a SIMD quicksort."""
+        pos = np.searchsorted(self.rows, pairs).reshape(-1, 2)  # (K, 2) into offsets
+        size = self.offsets[pos + 1] - self.offsets[pos]  # (K, 2) distinct shingles per text
+        shared = np.zeros(len(pos), dtype=np.int64)
+        block = max(1, min(_SORTED_PER_BLOCK // max(1, int(size.sum(axis=1).max(initial=0))), 1 << (62 - self.bits)))
+        for s in range(0, len(pos), block):
+            p, sz = pos[s : s + block], size[s : s + block]
+            src = _ranges(self.offsets[p].ravel(), sz.ravel())  # text i's ranks, then text j's
+            keys = np.sort((np.repeat(np.arange(len(p)), sz.sum(axis=1)) << self.bits) | self.ranks[src], kind="stable")
+            shared[s : s + block] = np.bincount(keys[1:][keys[1:] == keys[:-1]] >> self.bits, minlength=len(p))
+        return shared / (size.sum(axis=1) - shared)
+
+
+def estimated_jaccard(sig: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """(K,) fraction of equal signature values: the MinHash estimate of each pair's Jaccard."""
+    if len(pairs) == 0:
+        return np.zeros(0)
+    return (sig[pairs[:, 0]] == sig[pairs[:, 1]]).mean(axis=1)
+
+
+# ---------------------------------------------------------------- clustering
+
+
+def union_find(n: int, pairs: np.ndarray) -> np.ndarray:
+    """(n,) cluster label of each item: the smallest index in its connected component.
+
+    In numpy, no Python call per pair: each round hooks the larger label of every pair's two
+    labels onto the smaller, then jumps pointers until every label is a root. Labels only ever
+    point to a smaller index of the same component, and the rounds stop when both ends of every
+    pair share a root, which is then the component's smallest index (the only one that is its own
+    label)."""
+    labels = np.arange(n, dtype=np.int64)
+    i, j = pairs[:, 0], pairs[:, 1]
+    while not np.array_equal(labels[i], labels[j]):
+        li, lj = labels[i], labels[j]
+        np.minimum.at(labels, np.maximum(li, lj), np.minimum(li, lj))
+        while not np.array_equal(labels[labels], labels):
+            labels = labels[labels]
+    return labels
+
+
+@dataclass
+class PairResult:
+    pairs: np.ndarray  # (K, 2) int64 similar pairs i < j (checked)
+    similarity: np.ndarray  # (K,) their Jaccard (exact when verified, else estimated)
+    candidates: int  # candidate pairs from LSH before the check
+    bands: int
+    rows: int
+    sets: ShingleSets | None  # the candidates' shingle sets when verified: more exact Jaccard cheaply
+
+
+def near_duplicate_pairs(sk: Sketch, cfg, threshold: float | None = None) -> PairResult:
+    """LSH candidates among the sketched texts, kept where their Jaccard >= threshold: exact when
+    cfg.verify (false positives dropped for sure), otherwise the signature estimate."""
+    threshold = cfg.threshold if threshold is None else threshold
+    b, r = lsh_params(threshold, cfg.num_perm, cfg.bands, cfg.rows, cfg.verify)
+    cand = band_candidates(sk.sig, b, r)
+    sets = ShingleSets(sk, cand) if cfg.verify else None
+    sim = sets.jaccard(cand) if sets is not None else estimated_jaccard(sk.sig, cand)
+    ok = sim >= threshold - 1e-12
+    return PairResult(cand[ok], sim[ok], len(cand), b, r, sets)
+
+
+def _sharing_a_band(sig: np.ndarray, other: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """(N,) bool: rows of `sig` that agree with some row of `other` on a whole band."""
+    mine, theirs = _band_keys(sig, bands, rows), _band_keys(other, bands, rows)
+    return np.any([np.isin(mine[k], theirs[k]) for k in range(bands)], axis=0)
+
+
+def cross_duplicates(
+    reference_texts: list[str], query_texts: list[str], cfg, threshold: float, num_proc: int = 1
+) -> list[tuple[int, int, float]]:
+    """For each query text with a near-duplicate among the reference texts (Jaccard >= threshold):
+    (query_index, reference_index, jaccard) of its most similar one (ties: smallest reference index),
+    sorted by query index. Used by the split stage to find validation/test texts leaking from train.
+
+    The reference texts go into a datasketch `MinHashLSH` and every query text is looked up in it.
+    Texts of either side that share no whole band with the other side can never meet in the index,
+    so they are left out of it (a vectorized pre-pass); the answers are the same.
+    """
+    reference_texts, query_texts = _as_list(reference_texts), _as_list(query_texts)
+    if not reference_texts or not query_texts:
+        return []
+    from datasketch import LeanMinHash, MinHashLSH
+
+    ref, _ = sketch(reference_texts, cfg, num_proc)
+    qry, _ = sketch(query_texts, cfg, num_proc)
+    b, r = lsh_params(threshold, cfg.num_perm, cfg.bands, cfg.rows, cfg.verify)
+    lsh = MinHashLSH(num_perm=cfg.num_perm, params=(b, r))
+    lean = functools.partial(LeanMinHash, seed=cfg.seed, scheme="affine32")
+    with lsh.insertion_session() as session:
+        for i in np.flatnonzero(_sharing_a_band(ref.sig, qry.sig, b, r)).tolist():
+            session.insert(i, lean(hashvalues=ref.sig[i]), check_duplication=False)
+    found = [(q, i) for q in np.flatnonzero(_sharing_a_band(qry.sig, ref.sig, b, r)).tolist()
+             for i in lsh.query(lean(hashvalues=qry.sig[q]))]
+    if not found:
+        return []
+    pairs = np.array(found, dtype=np.int64)  # (K, 2) query, reference
+    both = Sketch(np.concatenate([ref.sig, qry.sig]), np.concatenate([ref.hashes, qry.hashes]),
+                  np.concatenate([ref.offsets, ref.offsets[-1] + qry.offsets[1:]]))
+    joint = np.stack([pairs[:, 1], pairs[:, 0] + len(reference_texts)], axis=1)  # rows of `both`
+    sim = exact_jaccard(both, joint) if cfg.verify else estimated_jaccard(both.sig, joint)
+    best: dict[int, tuple[float, int]] = {}
+    for (q, i), s in zip(pairs.tolist(), sim.tolist()):
+        if s >= threshold - 1e-12 and (q not in best or (-s, i) < (-best[q][0], best[q][1])):
+            best[q] = (s, i)
+    return [(q, i, s) for q, (s, i) in sorted(best.items())]

@@ -1,0 +1,320 @@
+"""The dedup stage: drop exact and near-duplicate texts, keep one per cluster, report the clusters.
+
+method=none keeps every row; exact groups rows whose normalized text (casefolded, whitespace
+collapsed) is the same; minhash first does that, then clusters the distinct texts whose shingle
+sets have Jaccard >= dedup.threshold (MinHash + LSH candidates, checked, union-find; see minhash.py).
+A cluster can be a chain (A~B, B~C): every removed row's similarity to the kept one is reported.
+
+The kept row of a cluster is the one with the longest normalized text (characters), ties broken by
+the smallest id, then the smallest raw text: a choice that depends on the rows alone, never on their
+order in the dataset (exact copies differ only in case and spacing, so the smallest id wins there).
+Counted drops: `exact_duplicate` (same normalized text as the kept row) and `near_duplicate`.
+The report `clusters.jsonl` has one line per cluster of two or more rows:
+  {"kept": id, "size": n, "text": ..., "removed": [{"id", "kind": "exact"|"near", "similarity", "text"}]}
+
+dedup.keep_test_whole (benchmark mode, for a source with its own test split): test rows are
+protected. They rank before every other row, so a cluster with a test member keeps a test row,
+and no test row is removed: the cluster's train/validation members are (cross-split copies), and
+its other test members stay and are listed under "kept_within_test" (same fields as "removed").
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from pipeline.schema import DedupConfig
+from pipeline.data.similarity import minhash
+from pipeline.data.engines.base import StageContext, StageResult
+from pipeline.data.engines.ops import add_up, column
+from pipeline.data.stages.split import SOURCE_SPLIT_NAMES, source_split_names
+
+REPORT = "clusters.jsonl"
+SNIPPET_CHARS = 200  # text kept per row in the report
+
+
+@dataclass
+class Plan:
+    """What dedup decided for a list of texts (row indices into that list). The members (every
+    row of a cluster but its kept one) are in report order: by their kept row's id, then
+    similarity (highest first), then rank."""
+
+    keep: np.ndarray  # (K,) rows kept, ascending
+    members: np.ndarray  # (D,) the other rows of each cluster
+    kept_of: np.ndarray  # (D,) the kept row of each member's cluster
+    near: np.ndarray  # (D,) bool: a near duplicate of its kept row (else an exact one)
+    similarity: list[float]  # (D,) Jaccard with the kept row, rounded to 4 places
+    stays: np.ndarray  # (D,) bool: a protected (test) row, kept although it is a copy
+    protected: bool = False  # planned with protected rows (dedup.keep_test_whole)
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def removed(self) -> np.ndarray:
+        """(R,) the rows removed, in report order."""
+        return self.members[~self.stays]
+
+
+def _rank(length: np.ndarray, ids, texts, protected: np.ndarray | None = None):
+    """Sort key of a row: smaller is kept. A protected row first, then the longest normalized text
+    (`length` (N,), characters), then the smallest id, text, row (`ids`, `texts`: lists by row)."""
+    if protected is None:
+        return lambda i: (-int(length[i]), ids[i], texts[i], i)
+    first = ~protected  # False (protected) sorts first
+    return lambda i: (bool(first[i]), -int(length[i]), ids[i], texts[i], i)
+
+
+def _rank_places(rows: np.ndarray, rank) -> np.ndarray:
+    """(M,) each row's place when `rows` are sorted by rank (0 = the one kept first)."""
+    listed = rows.tolist()
+    places = np.empty(len(rows), dtype=np.int64)
+    places[sorted(range(len(rows)), key=lambda k: rank(listed[k]))] = np.arange(len(rows))
+    return places
+
+
+def _best_of_groups(rows: np.ndarray, group: np.ndarray, rank) -> np.ndarray:
+    """(M,) the best-ranked row of each row's group, for rows (M,) with group labels (M,):
+    one sort by rank, then arrays, with no Python loop per group or member."""
+    order = np.lexsort((_rank_places(rows, rank), group))  # by group, the best first
+    head = np.ones(len(rows), dtype=bool)
+    head[1:] = group[order][1:] != group[order][:-1]
+    best = np.empty_like(rows)
+    best[order] = rows[order][head][np.cumsum(head) - 1]
+    return best
+
+
+def first_of_texts(norm: list[str]) -> np.ndarray:
+    """(N,) the smallest row with the same normalized text as each row (its exact group's label)."""
+    seen: dict[str, int] = {}
+    return np.array([seen.setdefault(t, i) for i, t in enumerate(norm)], dtype=np.int64)
+
+
+def _copied(first: np.ndarray) -> np.ndarray:
+    """(M,) the rows (ascending) in an exact group of two or more."""
+    return np.flatnonzero(np.bincount(first, minlength=len(first))[first] > 1)
+
+
+def _exact_groups(first: np.ndarray, rank) -> np.ndarray:
+    """(N,) the kept row of each row's exact group (labels `first`, from first_of_texts)."""
+    kept = np.arange(len(first))
+    copied = _copied(first)
+    kept[copied] = _best_of_groups(copied, first[copied], rank)
+    return kept
+
+
+def near_stats(candidates: int, verified: int, cfg: DedupConfig, bands: int, rows: int, procs: int) -> dict:
+    """The manifest's MinHash counts, whichever engine found the pairs."""
+    return {
+        "candidate_pairs": candidates,
+        "verified_pairs": verified,
+        "false_positives_dropped": candidates - verified,
+        "check": "exact_jaccard" if cfg.verify else "minhash_estimate",
+        "lsh_bands": bands,
+        "lsh_rows": rows,
+        "signature_processes": procs,
+    }
+
+
+def _near_clusters(texts: list[str], cfg: DedupConfig, num_proc: int = 1) -> tuple[np.ndarray, object, dict]:
+    """Connected-component label of each text (R,) (the smallest index of its component), exact
+    Jaccard of pairs of them (a function of (K, 2) indices), and stats. `texts` are the exact groups'
+    normalized texts, which have the raw texts' shingles and are folded already. The Ray engine finds
+    the same components with the same minhash functions, spread over a cluster (shuffle.py)."""
+    sk, procs = minhash.sketch(texts, cfg, num_proc, normalized=True)
+    found = minhash.near_duplicate_pairs(sk, cfg)
+    stats = near_stats(found.candidates, len(found.pairs), cfg, found.bands, found.rows, procs)
+    return minhash.union_find(len(texts), found.pairs), lambda pairs: _jaccard(sk, found, pairs), stats
+
+
+def _jaccard(sk, found, pairs: np.ndarray) -> np.ndarray:
+    """(K,) exact Jaccard of pairs (K, 2) of sketched texts in the same clusters: a verified pair's
+    own where it is one (most members join their kept text directly), else from the candidates'
+    shingle sets, which hold every clustered text (clusters join verified pairs only)."""
+    if found.sets is None:  # the check used estimates; the report's similarities are exact anyway
+        return minhash.ShingleSets(sk, pairs).jaccard(pairs)
+    pairs = np.sort(pairs, axis=1)  # i < j, as the verified pairs are
+    known = found.pairs[:, 0] * len(sk.sig) + found.pairs[:, 1]  # ascending: band_candidates sorts
+    code = pairs[:, 0] * len(sk.sig) + pairs[:, 1]
+    at = np.minimum(np.searchsorted(known, code), max(len(known) - 1, 0))
+    hit = known[at] == code
+    sim = np.empty(len(pairs))
+    sim[hit] = found.similarity[at[hit]]
+    sim[~hit] = found.sets.jaccard(pairs[~hit])
+    return sim
+
+
+def _kept_per_rep(reps: np.ndarray, labels: np.ndarray, jaccard, rank) -> tuple[np.ndarray, np.ndarray]:
+    """(R,) the kept row of each representative's near cluster, and (R,) its Jaccard with it."""
+    clustered = np.flatnonzero(np.bincount(labels, minlength=len(reps))[labels] > 1)
+    kept = reps.copy()
+    kept[clustered] = _best_of_groups(reps[clustered], labels[clustered], rank)
+    gone = clustered[kept[clustered] != reps[clustered]]
+    sim = np.ones(len(reps))
+    sim[gone] = jaccard(np.stack([gone, np.searchsorted(reps, kept[gone])], axis=1))
+    return kept, sim
+
+
+def plan_dedup(texts: list[str], ids: list[str], cfg: DedupConfig, num_proc: int = 1,
+               protected: np.ndarray | None = None) -> Plan:
+    """Decide which rows to keep (method exact or minhash) and describe every cluster, in this process
+    (signatures in `num_proc` processes). `protected` (N,) bool: rows never removed (the test split
+    under dedup.keep_test_whole)."""
+    norm = [minhash.normalize_text(t) for t in texts]
+    length = np.fromiter(map(len, norm), dtype=np.int64, count=len(norm))
+
+    def search(reps: np.ndarray):
+        return _near_clusters([norm[i] for i in reps.tolist()], cfg, num_proc)
+
+    return plan_rows(first_of_texts(norm), length, cfg, search, ids, texts, protected)
+
+
+def plan_rows(first: np.ndarray, length: np.ndarray, cfg: DedupConfig, near, ids: list[str], texts: list[str],
+              protected: np.ndarray | None = None) -> Plan:
+    """The plan of N rows, whichever engine calls it (the local one on every row, Ray's tasks on the
+    rows of some clusters, whole): `first` (N,) each row's exact-group label (first_of_texts), `length`
+    (N,) its normalized text's characters, `near(reps)` the near clusters of rows `reps` ((labels,
+    Jaccard of pairs, stats), as _near_clusters), `ids` and `texts` (raw) of the N rows."""
+    n = len(first)
+    rank = _rank(length, ids, texts, protected)
+    group = _exact_groups(first, rank)
+    reps = np.flatnonzero(group == np.arange(n))
+    stats: dict = {"method": cfg.method}
+    kept_rep, sim_rep = reps, np.ones(len(reps))
+    if cfg.method == "minhash":
+        labels, jaccard, more = near(reps)
+        stats.update(more)
+        kept_rep, sim_rep = _kept_per_rep(reps, labels, jaccard, rank)
+    at = np.searchsorted(reps, group)  # (N,) each row's exact group, as a position in reps
+    kept = kept_rep[at]
+    members = np.flatnonzero(kept != np.arange(n))
+    near = group[members] != kept[members]  # copies of a removed representative are near too
+    sim = np.array([round(s, 4) for s in np.where(near, sim_rep[at[members]], 1.0).tolist()])
+    order = _report_order(members, kept[members], sim, ids, rank)
+    stats["clusters"] = len(np.unique(kept[members]))
+    stays = np.zeros(n, dtype=bool) if protected is None else protected
+    keep = np.flatnonzero((kept == np.arange(n)) | stays)
+    members = members[order]
+    return Plan(keep, members, kept[members], near[order], sim[order].tolist(), stays[members],
+                protected is not None, stats)
+
+
+def _report_order(removed: np.ndarray, kept: np.ndarray, sim: np.ndarray, ids: list[str], rank) -> np.ndarray:
+    """Order of the removed rows in the report: by kept id (so the report does not depend on row
+    order), then rounded similarity, highest first, then rank."""
+    clusters = np.unique(kept)
+    listed = clusters.tolist()
+    by_id = np.empty(len(clusters), dtype=np.int64)
+    by_id[sorted(range(len(clusters)), key=lambda k: (ids[listed[k]], listed[k]))] = np.arange(len(clusters))
+    return np.lexsort((_rank_places(removed, rank), -sim, by_id[np.searchsorted(clusters, kept)]))
+
+
+def _entries(plan: Plan, rows: list[int], texts: list[str], ids: list[str]) -> list[dict]:
+    """The report's entries of the members at positions `rows` of plan.members."""
+    members, near = plan.members[rows].tolist(), plan.near[rows].tolist()
+    return [{"id": ids[r], "kind": "near" if x else "exact", "similarity": plan.similarity[k],
+             "text": texts[r][:SNIPPET_CHARS]} for r, x, k in zip(members, near, rows)]
+
+
+def report_lines(plan: Plan, texts: list[str], ids: list[str]) -> Iterator[tuple[int, str]]:
+    """(kept row, JSON line) of each cluster, in report order: kept id, size, and each removed id with
+    its similarity (and, when rows were protected, each protected copy kept within test). The one
+    format of clusters.jsonl, whichever engine planned (Ray's tasks write their clusters' lines)."""
+    bounds = np.flatnonzero(np.diff(plan.kept_of, prepend=-1, append=-1)).tolist()  # cluster starts, then the end
+    stays = plan.stays.tolist()
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        kept = int(plan.kept_of[s])
+        line = {
+            "kept": ids[kept],
+            "size": 1 + e - s,
+            "text": texts[kept][:SNIPPET_CHARS],
+            "removed": _entries(plan, [k for k in range(s, e) if not stays[k]], texts, ids),
+        }
+        if plan.protected:
+            line["kept_within_test"] = _entries(plan, [k for k in range(s, e) if stays[k]], texts, ids)
+        yield kept, json.dumps(line, ensure_ascii=False) + "\n"
+
+
+def write_report(plan: Plan, texts: list[str], ids: list[str], path) -> None:
+    """clusters.jsonl: report_lines of the plan."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(line for _, line in report_lines(plan, texts, ids))
+
+
+def dropped_counts(plan: Plan) -> dict:
+    """The manifest's drops: the removed rows, exact or near duplicates of their kept row."""
+    near = int(plan.near[~plan.stays].sum())
+    return {"exact_duplicate": len(plan.removed) - near, "near_duplicate": near}
+
+
+@dataclass(frozen=True)
+class Splits:
+    """The raw source_split values that matter to dedup: `protected` those whose rows are never
+    removed (dedup.keep_test_whole; None when off), `test` those counted in the test split's record.
+    A few values, not rows: each engine's tasks flag their rows with them."""
+
+    protected: frozenset | None
+    test: frozenset
+
+    def flags(self, values: list[str]) -> tuple[np.ndarray | None, np.ndarray]:
+        """(N,) bool protected (None when off) and (N,) bool test, of rows with these source_split values."""
+        is_test = np.fromiter((v in self.test for v in values), dtype=bool, count=len(values))
+        if self.protected is None:
+            return None, is_test
+        return np.fromiter((v in self.protected for v in values), dtype=bool, count=len(values)), is_test
+
+
+def splits_of(names: list[str], cfg: DedupConfig) -> Splits:
+    """The Splits of a source whose source_split column holds the distinct values `names`. Protected
+    (dedup.keep_test_whole): the values split.py reads as test; a source without a test split of its
+    own is then an error."""
+    # names split.py would refuse are not test rows in the record: split reports them
+    test = frozenset(r for r in names if SOURCE_SPLIT_NAMES.get(r.lower()) == "test")
+    if not cfg.keep_test_whole:
+        return Splits(None, test)
+    canonical = source_split_names(names)
+    if "test" not in canonical:
+        found = sorted(set(canonical) - {""}) or "none"
+        raise ValueError(f"dedup.keep_test_whole=true keeps the source's own test split, but this source has "
+                         f"none (its splits: {found}); set dedup.keep_test_whole=false, or name the split "
+                         f"column with source.split_field")
+    return Splits(frozenset(r for r, c in zip(names, canonical) if c == "test"), test)
+
+
+def _test_record(rows: int, removed: int, copies: int, cfg: DedupConfig) -> dict:
+    """What dedup did to the source's own test split (`rows` rows), for the record evaluate reads
+    (metrics.json's test_set); {} when the source has no test split."""
+    if not rows:
+        return {}
+    return {"test_split": {"rows": rows, "removed": removed, "kept_within_test": copies,
+                           "kept_whole": cfg.keep_test_whole}}
+
+
+def _split_counts(table) -> Counter:
+    return Counter(table.column("source_split").to_pylist())
+
+
+def dedup_lists(ds, cfg: DedupConfig, splits: Splits, report, num_proc: int) -> tuple:
+    """The local engine's dedup: plan_dedup on the columns as lists, in this process; the report
+    written to `report`. (kept rows, dropped, the plan's stats, (test rows removed, kept within test))."""
+    texts, ids = column(ds, "text"), column(ds, "id")
+    protected, is_test = splits.flags(column(ds, "source_split"))
+    plan = plan_dedup(texts, ids, cfg, num_proc, protected)
+    write_report(plan, texts, ids, report)
+    out = ds.select(plan.keep) if len(plan.keep) < ds.num_rows else ds
+    return out, dropped_counts(plan), plan.stats, (int(is_test[plan.removed].sum()), int(plan.stays.sum()))
+
+
+def dedup(ds, cfg: DedupConfig, ctx: StageContext) -> StageResult:
+    """The stage: `ds` with columns id, text, label, source_split; the same columns out. The engine
+    dedups (`engine.dedup`): the local one with dedup_lists, Ray's in tasks (ray_dedup.py), neither
+    holding more than the source_split column's distinct values and their counts for the Splits."""
+    counts = ctx.engine.reduce(ds, _split_counts, add_up, ["source_split"], desc="reading source_split")
+    splits = splits_of(list(counts), cfg)
+    test_rows = sum(n for v, n in counts.items() if v in splits.test)
+    if cfg.method == "none":
+        return StageResult(ds, {}, {"method": "none", **_test_record(test_rows, 0, 0, cfg)})
+    out, dropped, stats, (removed, copies) = ctx.engine.dedup(ds, cfg, splits, ctx.out_dir / REPORT, dedup_lists)
+    return StageResult(out, dropped, {**stats, **_test_record(test_rows, removed, copies, cfg), "report": REPORT})
