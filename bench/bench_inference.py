@@ -82,7 +82,7 @@ def predict(model, dataset, batch: int, precision: str, onnx_dir: Path | None = 
     """predict_logits at `precision`; with `onnx_dir`, eval.runtime=onnxruntime from the export cached there."""
     from accelerate import Accelerator
 
-    from pipeline.evaluation.predict import predict_logits
+    from pipeline.inference.predict import predict_logits
 
     runtime = "torch" if onnx_dir is None else "onnxruntime"
     return predict_logits(model, dataset, batch, Accelerator(cpu=True), precision, progress=False,
@@ -95,7 +95,7 @@ def ort_exports(model, out: Path) -> tuple[dict, dict]:
 
     import torch
 
-    from pipeline.evaluation.inference import for_inference
+    from pipeline.inference.backends import for_inference
 
     dirs, seconds = {}, {}
     for p in ORT:
@@ -124,8 +124,8 @@ def int8_profile(model, dataset, batch: int) -> str:
     import torch
     from torch.profiler import profile
 
-    from pipeline.evaluation.inference import quantize_int8
-    from pipeline.training.batching import pad
+    from pipeline.inference.backends import quantize_int8
+    from pipeline.inference.padding import pad
 
     q = quantize_int8(model)
     inputs = pad(dataset["input_ids"][:batch], 0)
@@ -189,7 +189,7 @@ def main() -> None:
         print(f"| {p} | {len(test) / secs[p]:.1f} | {secs['fp32'] / secs[p]:.2f}x | {acc[p]:.2%} | "
               f"{100 * (acc[p] - acc['fp32']):+.2f} | {agree:.2%} |")
 
-    from pipeline.evaluation.inference import quantize_int8
+    from pipeline.inference.backends import quantize_int8
 
     start = time.perf_counter()
     quantized = quantize_int8(model)  # what each int8 predict call does first

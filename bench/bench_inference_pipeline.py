@@ -58,7 +58,7 @@ def tokenize(tokenizer, texts: list[str], max_length: int):
 def run_ours(model, dataset, batch_size: int) -> np.ndarray:
     from accelerate import Accelerator
 
-    from pipeline.evaluation.predict import predict_logits
+    from pipeline.inference.predict import predict_logits
 
     return predict_logits(model, dataset, batch_size, Accelerator(cpu=True), progress=False).argmax(axis=1)
 

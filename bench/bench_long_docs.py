@@ -130,7 +130,7 @@ def probe(args, train, test) -> list[dict]:
     from sklearn.linear_model import LogisticRegression
 
     from pipeline.evaluation.aggregate import aggregate_documents
-    from pipeline.evaluation.scores import logit_metrics
+    from pipeline.tasks.classification.score import logit_metrics
 
     def flat(windows, labels):
         rows = [(" ".join(map(str, w)), k, y) for k, (doc, y) in enumerate(zip(windows, labels)) for w in doc]

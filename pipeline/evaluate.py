@@ -22,14 +22,16 @@ from pipeline.config import config_from_args, make_parser  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.evaluation import inference, report, run
+    from pipeline.evaluation import run
+    from pipeline.inference import backends
+    from pipeline.tasks.classification import report
 
     parser = make_parser("evaluate.py", __doc__)
     parser.add_argument("--split", help="prepared split to evaluate (eval.split)")
     parser.add_argument("--checkpoint", help="final, best, last, a checkpoint name, or a directory (eval.checkpoint)")
     parser.add_argument("--batch-size", type=int, help="examples per forward pass (eval.batch_size)")
-    parser.add_argument("--precision", choices=inference.PRECISIONS, help="inference precision (eval.precision)")
-    parser.add_argument("--runtime", choices=inference.RUNTIMES, help="inference runtime (eval.runtime)")
+    parser.add_argument("--precision", choices=backends.PRECISIONS, help="inference precision (eval.precision)")
+    parser.add_argument("--runtime", choices=backends.RUNTIMES, help="inference runtime (eval.runtime)")
     parser.add_argument("--bf16", action="store_true", default=None,
                         help="deprecated: --precision bf16 (slow on CPUs without native bf16)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

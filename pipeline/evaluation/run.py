@@ -11,7 +11,11 @@ import numpy as np
 
 from pipeline import artifacts
 from pipeline.config import Config
-from pipeline.evaluation import aggregate, inference, model as model_io, predict, report, scores
+from pipeline.evaluation import aggregate, model as model_io
+from pipeline.inference import backends
+from pipeline.inference import predict
+from pipeline.tasks.classification import report
+from pipeline.tasks.classification import score
 
 
 def output_dir(cfg: Config, ckpt: Path) -> Path:
@@ -30,9 +34,9 @@ def select_split(splits: Any, name: str, where: Path) -> Any:
 
 def _score(dataset: Any, logits: np.ndarray, label_names: list[str]) -> tuple[dict, dict, aggregate.Documents]:
     labels = np.asarray(dataset["label"][:], dtype=np.int64)
-    chunk = scores.logit_metrics(logits, labels, label_names)
+    chunk = score.logit_metrics(logits, labels, label_names)
     docs = aggregate.aggregate_documents(dataset["id"][:], logits, labels)
-    document = scores.logit_metrics(docs.logits, docs.labels, label_names)
+    document = score.logit_metrics(docs.logits, docs.labels, label_names)
     return chunk, document, docs
 
 
@@ -65,7 +69,7 @@ def _onnx_cache(ckpt: Path, model: Any, precision: str, runtime: str) -> Path | 
     """Where eval.runtime=onnxruntime keeps this checkpoint's export (None: torch, or no manifest to key it by)."""
     if runtime != "onnxruntime":
         return None
-    from pipeline.evaluation import onnx_export
+    from pipeline.inference import onnx_export
 
     return onnx_export.cache_dir(ckpt, model, precision)
 
@@ -82,7 +86,7 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
     model_io.check_labels(model, prepared.label_names, ckpt)
     accelerator = make_accelerator()  # one gloo group when launched as several CPU processes
     start = time.perf_counter()
-    precision, runtime = inference.precision_of(cfg.eval), cfg.eval.runtime
+    precision, runtime = backends.precision_of(cfg.eval), cfg.eval.runtime
     onnx_dir = _onnx_cache(ckpt, model, precision, runtime)
     reused = onnx_dir is not None and artifacts.is_complete(onnx_dir)
     logits = predict.predict_logits(model, dataset, cfg.eval.batch_size, accelerator, precision, progress,
@@ -104,7 +108,7 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
         "seconds": round(seconds, 3), "examples_per_second": len(dataset) / max(seconds, 1e-9),
         "processes": accelerator.num_processes, "precision": precision, "bf16": precision == "bf16", "runtime": runtime,
         "onnx_export": None if runtime == "torch" else {"dir": str(onnx_dir) if onnx_dir else None, "reused": reused},
-        "attention": inference.attention_of(model) if runtime == "torch" else "fused (onnxruntime Attention)",
+        "attention": backends.attention_of(model) if runtime == "torch" else "fused (onnxruntime Attention)",
         "batch_size": cfg.eval.batch_size,
         "test_set": _test_set(prepared, len(docs.ids)) if cfg.eval.split == "test" else None,
         "data_fingerprint": prepared.fingerprint, "training_data_fingerprint": trained_on, "output_dir": str(out), "versions": artifacts.library_versions(),

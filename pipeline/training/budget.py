@@ -172,7 +172,7 @@ def _validation_seconds(s: Any) -> float:
     """One validation: `evaluate` on every k-th row by length, scaled up; its fixed cost counted once."""
     import numpy as np
 
-    from pipeline.evaluation.inference import for_inference, precision_of
+    from pipeline.inference.backends import for_inference, precision_of
     from pipeline.training.evaluation import evaluate
 
     n, size = len(s.val_ds), s.cfg.eval.batch_size * SAMPLE_BATCHES * s.acc.num_processes

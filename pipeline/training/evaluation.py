@@ -7,15 +7,15 @@
 
 from __future__ import annotations
 
-from pipeline.evaluation.predict import predict_logits
-from pipeline.evaluation.scores import logit_metrics
+from pipeline.inference.predict import predict_logits
+from pipeline.tasks.classification.score import logit_metrics
 
 
 def evaluate(acc, model, ds, batch_size: int, label_names: list[str], precision: str = "fp32",
              runtime: str = "torch", scratch=None) -> dict:
     """Every scalar validation metric (loss, accuracy, macro/micro F1, examples) of the model as it is now.
 
-    `precision` is eval.precision (inference.precision_of): int8 scores a quantized copy, as
+    `precision` is eval.precision (backends.precision_of): int8 scores a quantized copy, as
     evaluate.py would, and leaves the training model untouched. `runtime` is eval.runtime:
     onnxruntime exports these weights into a temporary folder under `scratch` (the run directory),
     removed once loaded."""

@@ -219,7 +219,7 @@ def _warn_diverging(s: Setup, step: int, rank_losses: list[float]) -> None:
 
 def _evaluate(s: Setup, st: TrainState) -> None:
     """Validation with evaluate.py's code (batches and eval.precision too): this step's metrics, the best so far."""
-    from pipeline.evaluation.inference import precision_of
+    from pipeline.inference.backends import precision_of
     from pipeline.training.evaluation import evaluate
 
     m = evaluate(s.acc, s.model, s.val_ds, s.cfg.eval.batch_size, s.label_names, precision_of(s.cfg.eval),

@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeline import artifacts
 from pipeline.config import Config
+from pipeline.inference import padding
 from pipeline.training import batching, budget, build, checkpoint, rundir
 from pipeline.training.state_io import Best, TrainState
 
@@ -204,7 +205,7 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, mp: str, total: int, s
     if saved is None:
         _set_aside_earlier_attempt(acc, run_dir)
     acc.wait_for_everyone()
-    collate = batching.Collator(tok.pad_token_id, batching.pad_multiple(acc.device.type, t.pad_to_multiple_of),
+    collate = batching.Collator(tok.pad_token_id, padding.pad_multiple(acc.device.type, t.pad_to_multiple_of),
                                 cfg.tokenize.max_length)
     log = rundir.MetricsLog(run_dir / "metrics.jsonl", acc.is_main_process, saved.step if saved else None)
     return Setup(cfg=cfg, acc=acc, model=model, optimizer=optimizer, scheduler=scheduler, tok=tok, train_ds=train_ds,

@@ -11,7 +11,7 @@ import numpy as np
 
 from pipeline.config import load_config
 from pipeline.data import runner
-from pipeline.evaluation.report import describe_test_set as describe
+from pipeline.tasks.classification.report import describe_test_set as describe
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "tiny.yaml"

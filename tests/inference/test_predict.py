@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pipeline.evaluation import predict
+from pipeline.inference import predict
 
 
 @pytest.mark.parametrize("n,batch,world", [(13, 4, 2), (13, 4, 3), (5, 8, 2), (1, 4, 2), (64, 7, 4)])
@@ -18,7 +18,7 @@ def test_shards_cover_every_index_exactly_once(n, batch, world):
 
 
 def test_padding_is_right_to_a_multiple_masked_and_exact_on_a_cpu():
-    from pipeline.training.batching import pad, pad_multiple
+    from pipeline.inference.padding import pad, pad_multiple
 
     out = pad([[5, 6, 7], [8]], pad_id=0, multiple=4)
     assert out["input_ids"].tolist() == [[5, 6, 7, 0], [8, 0, 0, 0]]
@@ -59,13 +59,13 @@ def test_bf16_autocast_warns_only_on_a_cpu_without_native_bf16(native, monkeypat
     import torch
 
     from pipeline import accel
-    from pipeline.evaluation import inference
+    from pipeline.inference import backends
 
     monkeypatch.setattr(accel, "cpu_has_native_bf16", lambda: native)
-    with inference.autocast(torch.device("cpu"), "bf16"):
+    with backends.autocast(torch.device("cpu"), "bf16"):
         y = torch.ones(2, 2) @ torch.ones(2, 2)
     assert y.dtype == torch.bfloat16
     assert ("WARNING: eval.precision=bf16" in capsys.readouterr().err) is not native
     for other in ("fp32", "int8"):
-        with inference.autocast(torch.device("cpu"), other):
+        with backends.autocast(torch.device("cpu"), other):
             assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32

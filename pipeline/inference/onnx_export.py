@@ -1,6 +1,6 @@
 """eval.runtime=onnxruntime: the classifier exported to ONNX, fused, optionally int8, run by ONNX Runtime.
 
-Why a second runtime: torch's int8 (inference.quantize_int8) speeds up the Linear layers only;
+Why a second runtime: torch's int8 (backends.quantize_int8) speeds up the Linear layers only;
 attention, GELU and LayerNorm stay fp32 and unfused (~40% of int8's time at max_length 256, see
 bench/RESULTS.md). ONNX Runtime's transformer optimizer fuses them (Attention, SkipLayerNormalization,
 BiasGelu, EmbedLayerNormalization) and its dynamic quantization makes the fused attention int8 too.

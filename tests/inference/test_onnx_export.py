@@ -13,7 +13,9 @@ from transformers import AutoModelForSequenceClassification, BertConfig, BertFor
 
 from pipeline import artifacts
 from pipeline.config import ConfigError, load_config
-from pipeline.evaluation import inference, onnx_export, predict
+from pipeline.inference import backends
+from pipeline.inference import onnx_export
+from pipeline.inference import predict
 from pipeline.training import checkpoint
 
 pytest.importorskip("onnxruntime")
@@ -75,7 +77,7 @@ def _trained_tiny_bert(seed: int = 0):
         vocab_size=80, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
         max_position_embeddings=64, num_labels=3, pad_token_id=0))
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
-    from pipeline.training.batching import pad
+    from pipeline.inference.padding import pad
 
     for _ in range(120):
         docs, labels = documents(32)
@@ -164,6 +166,6 @@ def test_config_and_model_errors_are_one_line_naming_eval_runtime():
     gpt2 = GPT2ForSequenceClassification(GPT2Config(vocab_size=50, n_positions=16, n_embd=8, n_layer=1, n_head=2))
     with pytest.raises(ValueError, match=r"^eval.runtime=onnxruntime: GPT2ForSequenceClassification \(model_type "
                                          r"'gpt2'\) cannot be exported .*; use eval.runtime=torch$"):
-        inference.for_inference(gpt2, "fp32", torch.device("cpu"), "onnxruntime")
+        backends.for_inference(gpt2, "fp32", torch.device("cpu"), "onnxruntime")
     with pytest.raises(ValueError, match="eval.runtime=onnxruntime runs on a CPU only"):
-        inference.for_inference(gpt2, "int8", torch.device("cuda"), "onnxruntime")
+        backends.for_inference(gpt2, "int8", torch.device("cuda"), "onnxruntime")

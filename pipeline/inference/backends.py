@@ -81,7 +81,7 @@ def _onnxruntime(model: Any, precision: str, device: Any, onnx_dir: Any, scratch
                          f"use eval.runtime=torch there")
     if precision not in ORT_PRECISIONS:
         raise ValueError(f"eval.runtime=onnxruntime runs eval.precision fp32 or int8, not {precision}")
-    from pipeline.evaluation import onnx_export
+    from pipeline.inference import onnx_export
 
     return onnx_export.session_for(model, precision, onnx_dir, scratch)
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.evaluation import inference
-from pipeline.training.batching import pad, pad_multiple
+from pipeline.inference import backends
+from pipeline.inference.padding import pad, pad_multiple
 
 
 def plan_batches(lengths: list[int] | np.ndarray, batch_size: int) -> list[np.ndarray]:
@@ -65,10 +65,10 @@ def predict_logits(
 ) -> np.ndarray:
     """(len(dataset), num_labels) float32 logits in dataset order, on every process.
 
-    `precision` (inference.PRECISIONS) and `runtime` (inference.RUNTIMES) are applied here, so
+    `precision` (backends.PRECISIONS) and `runtime` (backends.RUNTIMES) are applied here, so
     evaluate.py and validation run them alike; int8 and onnxruntime work on a copy or an export and
     leave `model` as it was. onnx_dir / scratch: where an onnxruntime export is cached / made
-    temporarily (inference.for_inference)."""
+    temporarily (backends.for_inference)."""
     import torch
     from tqdm.auto import tqdm
 
@@ -76,12 +76,12 @@ def predict_logits(
     rank, world = accelerator.process_index, accelerator.num_processes
     batches = plan_batches([len(s) for s in sequences], batch_size)
     mine = shard(batches, rank, world)
-    model = inference.for_inference(model.to(accelerator.device).eval(), precision, accelerator.device,
+    model = backends.for_inference(model.to(accelerator.device).eval(), precision, accelerator.device,
                                     runtime, onnx_dir, scratch)
     pad_id, index, chunks = _pad_id(model), [], []
     multiple = pad_multiple(accelerator.device.type, 8)
     bar = tqdm(total=sum(len(b) for b in mine), unit="ex", desc=f"predict[{rank}]", disable=not (progress and accelerator.is_main_process))
-    with torch.inference_mode(), inference.autocast(accelerator.device, precision):
+    with torch.inference_mode(), backends.autocast(accelerator.device, precision):
         for batch in mine:
             inputs = {k: v.to(accelerator.device) for k, v in pad([sequences[i] for i in batch], pad_id, multiple).items()}
             chunks.append(model(**inputs).logits.float().cpu().numpy())  # (batch, num_labels)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from pipeline.evaluation.scores import classification_metrics
+from pipeline.tasks.classification.score import classification_metrics
 
 NAMES = ["negative", "neutral", "positive", "mixed"]
 
@@ -20,7 +20,7 @@ def test_named_report_by_hand_with_classes_never_predicted_or_absent():
 def test_logit_metrics_add_the_cross_entropy_of_the_logits():
     import torch
 
-    from pipeline.evaluation.scores import logit_metrics
+    from pipeline.tasks.classification.score import logit_metrics
 
     rng = np.random.default_rng(1)
     logits, refs = rng.normal(size=(50, 4)).astype(np.float32) * 5, rng.integers(0, 4, 50)

@@ -9,7 +9,8 @@ from accelerate import Accelerator
 from transformers import AutoModelForSequenceClassification
 
 from pipeline.config import ConfigError, load_config
-from pipeline.evaluation import inference, predict
+from pipeline.inference import backends
+from pipeline.inference import predict
 
 
 def _final(world):
@@ -25,7 +26,7 @@ def test_int8_quantizes_the_encoder_linears_on_a_copy_and_keeps_the_head_fp32(wo
 
     model = _final(world)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    q = inference.quantize_int8(model)
+    q = backends.quantize_int8(model)
     kinds = {name: type(m) for name, m in q.named_modules()}
     assert kinds["bert.encoder.layer.0.attention.self.query"] is DynamicLinear
     assert kinds["bert.encoder.layer.1.output.dense"] is DynamicLinear
@@ -50,17 +51,17 @@ def test_int8_of_a_model_without_linear_layers_or_on_a_gpu_is_one_clear_error():
 
     gpt2 = GPT2ForSequenceClassification(GPT2Config(vocab_size=50, n_positions=16, n_embd=8, n_layer=1, n_head=2))
     with pytest.raises(ValueError, match="no nn.Linear layers to quantize; use eval.precision=fp32"):
-        inference.quantize_int8(gpt2)
+        backends.quantize_int8(gpt2)
     with pytest.raises(ValueError, match="runs on a CPU only"):
-        inference.for_inference(gpt2, "int8", torch.device("cuda"))
+        backends.for_inference(gpt2, "int8", torch.device("cuda"))
 
 
 def test_eval_bf16_is_a_deprecated_spelling_of_precision_bf16(capsys, monkeypatch):
-    monkeypatch.setattr(inference, "_warned_deprecated", False)
-    assert inference.precision_of(load_config(None, ["eval.precision=int8"]).eval) == "int8"
-    assert inference.precision_of(load_config(None, []).eval) == "fp32"
+    monkeypatch.setattr(backends, "_warned_deprecated", False)
+    assert backends.precision_of(load_config(None, ["eval.precision=int8"]).eval) == "int8"
+    assert backends.precision_of(load_config(None, []).eval) == "fp32"
     old = load_config(None, ["eval.bf16=true"]).eval
-    assert inference.precision_of(old) == "bf16" and inference.precision_of(old) == "bf16"
+    assert backends.precision_of(old) == "bf16" and backends.precision_of(old) == "bf16"
     assert capsys.readouterr().err.count("eval.bf16 is deprecated") == 1  # said once, not per validation
     with pytest.raises(ConfigError, match="eval.bf16=true .* conflicts with eval.precision=int8; drop eval.bf16"):
         load_config(None, ["eval.bf16=true", "eval.precision=int8"])
@@ -69,7 +70,7 @@ def test_eval_bf16_is_a_deprecated_spelling_of_precision_bf16(capsys, monkeypatc
 
 
 def test_validation_during_training_scores_int8_as_evaluate_does(world):
-    from pipeline.evaluation.scores import logit_metrics
+    from pipeline.tasks.classification.score import logit_metrics
     from pipeline.training.evaluation import evaluate
 
     model, ds, acc = _final(world), _test_split(world), Accelerator(cpu=True)
