@@ -116,14 +116,15 @@ def skip_by_iteration(config: Path, batches: int) -> float:
 
     from pipeline.config import load_config
     from pipeline.data.prepared import load_prepared
-    from pipeline.training import batching
+    from pipeline.tasks.classification.collate import Collator
+from pipeline.training import batching
 
     cfg = load_config(config)
     prep = load_prepared(cfg)
     train = prep.splits["train"]
     order = batching.epoch_order(np.asarray(train["length"]), 42, 0, 32, True)
     pad = AutoTokenizer.from_pretrained(str(prep.tokenizer_dir)).pad_token_id
-    loader = batching.make_loader(train, batching.RankBatches(order, 0, 32, 0, batches), batching.Collator(pad, 0))
+    loader = batching.make_loader(train, batching.RankBatches(order, 0, 32, 0, batches), Collator(pad, 0), columns=("input_ids", "label"))
     start = time.perf_counter()
     for _ in loader:
         pass

@@ -63,7 +63,7 @@ def build_data(out: Path, rows: int, max_length: int, long: bool, rows_given: li
     from pipeline import artifacts
     from pipeline.config import load_config
     from pipeline.data.runner import PREPARED, data_config_fingerprint
-    from pipeline.training.build import model_source
+    from pipeline.tasks.classification.model import model_source
 
     data = rows_given if rows_given is not None else tweets(rows)
     if long:
@@ -132,7 +132,7 @@ def run_trainer(config: Path, steps: int, warmup: int, batch: int, grouped: bool
 
     from pipeline.config import load_config
     from pipeline.data.prepared import load_prepared
-    from pipeline.training.build import model_source
+    from pipeline.tasks.classification.model import model_source
 
     cfg = load_config(config)
     prep = load_prepared(cfg)

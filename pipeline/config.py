@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from pipeline import tasks
 from pipeline.schema import (  # noqa: F401 - the schema's names, imported from here by the package
     SourceConfig, CleanConfig, DedupConfig, SplitConfig, LabelConfig,
     TokenizeConfig, PrepareConfig, RayConfig, ModelConfig, TrainConfig,
@@ -241,7 +242,6 @@ def validate(cfg: Config) -> None:
     if -1 < m.attention_dropout < 0:
         raise ConfigError(f"model.attention_dropout={m.attention_dropout:g}: give -1 (keep the model's own) or a "
                           f"dropout probability in [0, 1)")
-    _validate_labels(cfg.label)
     t = cfg.tokenize
     if t.head_tokens and t.truncation != "head_tail":
         raise ConfigError(f"tokenize.head_tokens={t.head_tokens} applies to tokenize.truncation=head_tail only "
@@ -257,6 +257,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError("output_dir is empty: name the folder for this experiment's data and run")
     if cfg.source.format != "hub" and not cfg.source.path:
         raise ConfigError("source.path is empty: name the file or folder to read")
+    try:  # the task's own sections (classification: label, metric_for_best)
+        tasks.get(cfg.task).validate(cfg)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _validate_runtime(e: EvalConfig) -> None:
@@ -270,17 +276,6 @@ def _validate_runtime(e: EvalConfig) -> None:
     missing = [n for n in ("onnxruntime", "onnx") if importlib.util.find_spec(n) is None]
     if missing:
         raise ConfigError(f"eval.runtime=onnxruntime needs {' and '.join(missing)}: pip install -c constraints.txt -e '.[onnx]'")
-
-
-def _validate_labels(cfg: LabelConfig) -> None:
-    """label.names and label.rules, checked before any data is read (not when the label stage runs)."""
-    from pipeline.tasks.classification.label import compile_rules  # the rules' one parser; light (re only)
-
-    names = [str(n) for n in cfg.names]
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise ConfigError(f"label.names repeats {', '.join(map(repr, repeated))}; each class is named once")
-    compile_rules(cfg.rules)
 
 
 def pretrained_tokenizer_name(cfg: Config) -> str:

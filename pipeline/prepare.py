@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = make_parser("prepare.py", __doc__)
     parser.add_argument("--dedup", choices=("none", "exact", "minhash"), help="shorthand for dedup.method=...")
     parser.add_argument("--force", action="store_true", help="redo every stage, cached or not")
-    parser.add_argument("--from", dest="from_stage", choices=runner.STAGE_NAMES, help="redo this stage and the ones after it")
+    parser.add_argument("--from", dest="from_stage", metavar="STAGE", help="redo this stage and the ones after it (load, clean, dedup, split, then the task's: label, tokenize for classification)")
     parser.add_argument("--num-proc", type=int, help="shorthand for prepare.num_proc=N: local processes for clean "
                         "and for the MinHash signatures of dedup and the leakage check")
     parser.add_argument("--engine", choices=("local", "ray"), help="shorthand for prepare.engine=...: run the "

@@ -185,7 +185,8 @@ class TrainConfig:
     save_at_epoch_end: bool = opt(True, "checkpoint at the end of every epoch")
     keep_last: int = opt(2, "newest checkpoints kept by rotation (at least 1: resume needs one)", bounds="[1, inf)")
     keep_best: int = opt(1, "best checkpoints (by metric_for_best) kept by rotation", bounds="[0, inf)")
-    metric_for_best: str = opt("accuracy", "validation metric that ranks checkpoints", ("accuracy", "macro_f1", "loss"))
+    metric_for_best: str = opt("accuracy", "validation metric that ranks checkpoints, one of the task's (classification: "
+                               "accuracy, macro_f1, loss)")
     log_every: int = opt(10, "log training metrics every N steps", bounds="[1, inf)")
     release_memory_every: int = opt(10, "hand the heap's free pages back to the system every N steps (glibc "
                                     "malloc_trim; 0 = never): keeps the resident size flat when batch shapes vary",
@@ -215,6 +216,8 @@ class EvalConfig:
 @dataclass(frozen=True)
 class Config:
     output_dir: str = opt("outputs/default", "root of this experiment: data/ (prepared stages) and run/ (training)")
+    task: str = opt("classification", "what the model learns: a task of pipeline/tasks/ (its stages after split, model, "
+                    "collator, metrics)")
     source: SourceConfig = field(default_factory=SourceConfig, metadata={"help": "where the raw text comes from"})
     clean: CleanConfig = field(default_factory=CleanConfig, metadata={"help": "text cleaning"})
     dedup: DedupConfig = field(default_factory=DedupConfig, metadata={"help": "duplicate removal"})

@@ -28,37 +28,19 @@ import pipeline
 from pipeline import artifacts, cli
 from pipeline.config import Config, pretrained_tokenizer_name
 from pipeline.data.content import content_fingerprint
-from pipeline.data.engines.base import StageContext, StageFailed, StageResult  # noqa: F401 - StageFailed: prepare's
+from pipeline.data.engines.base import Stage, StageContext, StageFailed, StageResult  # noqa: F401 - prepare's
 from pipeline.data.engines.local import LocalEngine
 from pipeline.data.engines.ops import num_rows
 from pipeline.data.stages import clean, dedup, load, split, tokenize
-from pipeline.tasks.classification import label
+from pipeline import tasks
 
 PREPARED = "prepared.json"
-STAGE_NAMES = ("load", "clean", "dedup", "split", "label", "tokenize")
 SECTION_OF = {"load": "source"}  # the config section of a stage not named after it
 
 
-@dataclass
-class Stage:
-    """Every stage function has one shape: fn(input, its config section, context) -> StageResult."""
-
-    name: str
-    fn: Callable[..., StageResult]  # the stage function; its module's import closure is its code
-    section: Any  # its config section, passed to fn
-    uses: tuple = ()  # other sections its output depends on (fingerprinted too), reached through the context
-
-    @property
-    def config(self) -> tuple:
-        """Every setting the stage's output depends on: what its fingerprint covers."""
-        return (self.section, *self.uses)
-
-    def run(self, data: Any, ctx: StageContext) -> StageResult:
-        return self.fn(data, self.section, ctx)
-
-
 def stage_table(cfg: Config) -> list[Stage]:
-    """The pipeline, in order. Reads like a table of contents."""
+    """The pipeline, in order. Reads like a table of contents: the stages every task shares up to split,
+    then the task's (which place the shared tokenize stage among their own)."""
     tok = cfg.tokenize
     if tok.kind == "pretrained":  # the tokenizer a name means is the section's (model.name_or_path when empty)
         tok = dataclasses.replace(tok, pretrained=pretrained_tokenizer_name(cfg))
@@ -67,8 +49,7 @@ def stage_table(cfg: Config) -> list[Stage]:
         Stage("clean", clean.clean, cfg.clean),
         Stage("dedup", dedup.dedup, cfg.dedup),
         Stage("split", split.split, cfg.split, uses=(cfg.dedup,)),  # the leakage check: ctx.similarity
-        Stage("label", label.label, cfg.label),
-        Stage("tokenize", tokenize.tokenize, tok),
+        *tasks.get(cfg.task).stages(cfg, Stage("tokenize", tokenize.tokenize, tok)),  # classification: label, tokenize
     ]
 
 
@@ -142,9 +123,10 @@ def _config_dicts(values: tuple) -> list:
 
 def run(cfg: Config, force: bool = False, from_stage: str | None = None, progress: bool = True) -> list[dict]:
     """Run (or reuse) every stage; return one report row per stage."""
-    if from_stage is not None and from_stage not in STAGE_NAMES:
-        raise ValueError(f"--from {from_stage!r} is not a stage; stages: {', '.join(STAGE_NAMES)}")
-    first_forced = 0 if force else (STAGE_NAMES.index(from_stage) if from_stage else len(STAGE_NAMES))
+    names = [stage.name for stage in stage_table(cfg)]
+    if from_stage is not None and from_stage not in names:
+        raise ValueError(f"--from {from_stage!r} is not a stage of task {cfg.task}; stages: {', '.join(names)}")
+    first_forced = 0 if force else (names.index(from_stage) if from_stage else len(names))
     stages_root = cfg.data_dir / "stages"
     for folder in (stages_root, cfg.data_dir):  # stage folders; prepared.json and report.json
         artifacts.remove_stale_temporaries(folder)
@@ -156,14 +138,15 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
         local_tokenizer(pretrained_tokenizer_name(cfg))
     with open_engine(cfg) as engine:
         data_dir, manifests, rows = _run_stages(cfg, engine, input_fp, first_forced, progress)
+    last = stage_table(cfg)[-1].name
     artifacts.write_json_atomic(
         cfg.data_dir / PREPARED,
         {
             "stage_dir": str(data_dir.resolve()),
-            "fingerprint": manifests["tokenize"]["fingerprint"],
-            "content_fingerprint": stage_content(data_dir, manifests["tokenize"]),
+            "fingerprint": manifests[last]["fingerprint"],
+            "content_fingerprint": stage_content(data_dir, manifests[last]),
             "config_fingerprint": data_config_fingerprint(cfg),
-            "label_names": manifests["label"]["stats"]["label_names"],
+            **tasks.get(cfg.task).data_info(manifests),
         },
     )
     artifacts.write_json_atomic(cfg.data_dir / "report.json", rows)
@@ -174,7 +157,8 @@ def _run_stages(cfg: Config, engine: Any, input_fp: str, first_forced: int, prog
     """Each stage reused or run, in order; returns the last stage's folder, the manifests, the report."""
     stages_root = cfg.data_dir / "stages"
     data, data_dir, rows, manifests = None, None, [], {}
-    for k, stage in enumerate(stage_table(cfg)):
+    table = stage_table(cfg)
+    for k, stage in enumerate(table):
         fp = artifacts.fingerprint(stage.name, code_fingerprint(stage.fn), _config_dicts(stage.config), input_fp)
         out = stage_folder(stages_root, k, stage.name, fp)
         t0 = time.perf_counter()
@@ -186,7 +170,7 @@ def _run_stages(cfg: Config, engine: Any, input_fp: str, first_forced: int, prog
             data = None  # loaded lazily, only if a later stage must run
         else:
             if data is None and data_dir is not None:
-                data = load_stage(data_dir, STAGE_NAMES[k - 1])
+                data = load_stage(data_dir, table[k - 1].name)
             ctx = StageContext(out_dir=out, num_proc=cfg.prepare.num_proc, progress=progress,
                                engine=engine.get(), similarity=cfg.dedup)
             data, man = _run_stage(stage, data, out, fp, input_fp, ctx, data_dir)
@@ -239,15 +223,15 @@ def stage_manifests(stage_dir: Path) -> dict[str, dict]:
     back through their input fingerprints; the walk stops at a folder that is gone or incomplete."""
     found: dict[str, dict] = {}
     folder = stage_dir
-    while artifacts.is_complete(folder):
+    while folder is not None and artifacts.is_complete(folder):
         man = artifacts.read_json(folder / artifacts.MANIFEST)
-        if man.get("stage") not in STAGE_NAMES:
+        k = folder.name.split("-", 1)[0]
+        if not isinstance(man.get("stage"), str) or not k.isdigit():
             break
         found[man["stage"]] = man
-        k = STAGE_NAMES.index(man["stage"])
-        if k == 0 or not man.get("input_fingerprint"):
+        if k == "0" or not man.get("input_fingerprint"):
             break
-        folder = stage_folder(stage_dir.parent, k - 1, STAGE_NAMES[k - 1], man["input_fingerprint"])
+        folder = next(stage_dir.parent.glob(f"{int(k) - 1}-*-{man['input_fingerprint']}"), None)
     return found
 
 

@@ -18,7 +18,6 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from pipeline.inference.padding import pad
 
 MEGABATCH = 50  # length grouping sorts windows of 50 global batches (as transformers' LengthGroupedSampler)
 
@@ -59,37 +58,24 @@ class RankBatches:
             yield self.order[b, lo:hi].tolist()
 
 
-class Collator:
-    """Pads a list of examples (see `pad`) and stacks their labels; returns torch tensors."""
-
-    def __init__(self, pad_id: int, multiple: int = 8, max_length: int = 0):
-        self.pad_id, self.multiple, self.max_length = pad_id, multiple, max_length
-
-    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        import torch
-
-        batch = pad([r["input_ids"] for r in rows], self.pad_id, self.multiple, self.max_length)
-        return {**batch, "labels": torch.as_tensor([r["label"] for r in rows], dtype=torch.long)}
-
-
 class _Rows:
     """Map-style view of an Arrow dataset that fetches a whole batch in one call."""
 
-    def __init__(self, ds):
-        self.ds = ds.select_columns(["input_ids", "label"])
+    def __init__(self, ds, columns: tuple):
+        self.ds, self.columns = ds.select_columns(list(columns)), columns
 
     def __len__(self) -> int:
         return len(self.ds)
 
     def __getitems__(self, idx: list[int]) -> list[dict]:
         cols = self.ds[idx]
-        return [{"input_ids": a, "label": b} for a, b in zip(cols["input_ids"], cols["label"])]
+        return [dict(zip(self.columns, values)) for values in zip(*(cols[c] for c in self.columns))]
 
     def __getitem__(self, i: int) -> dict:
         return self.__getitems__([i])[0]
 
 
-def make_loader(ds, sampler, collate: Collator, num_workers: int = 0, pin_memory: bool = False):
+def make_loader(ds, sampler, collate: Any, num_workers: int = 0, pin_memory: bool = False, *, columns: tuple):
     """A DataLoader over our sampler. Its own generator keeps it from drawing on the global torch RNG
     (an iterator otherwise draws a base seed from it, which would shift dropout after a resume).
     pin_memory (on a GPU) lets the loop's `.to(device, non_blocking=True)` overlap the copy with compute."""
@@ -97,7 +83,7 @@ def make_loader(ds, sampler, collate: Collator, num_workers: int = 0, pin_memory
     from torch.utils.data import DataLoader
 
     return DataLoader(
-        _Rows(ds),
+        _Rows(ds, columns),  # (input_ids, then the task's columns)
         batch_sampler=sampler,
         collate_fn=collate,
         num_workers=num_workers,

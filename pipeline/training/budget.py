@@ -151,7 +151,7 @@ def _step_seconds(s: Any) -> float:
     model.train()
     for first in starts:  # the first one is the warm-up (allocations), untimed
         sampler = batching.RankBatches(order, acc.process_index, t.batch_size, first, first + t.grad_accum)
-        loader = batching.make_loader(s.train_ds, sampler, s.collate)
+        loader = batching.make_loader(s.train_ds, sampler, s.collate, columns=s.columns)
         batches = [{k: v.to(acc.device) for k, v in b.items()} for b in loader]
         start = time.perf_counter()
         for i, batch in enumerate(batches):

@@ -104,7 +104,7 @@ def _epoch_batches(s: Setup, st: TrainState):
     sampler = batching.RankBatches(order, acc.process_index, t.batch_size, st.batch_in_epoch,
                                    s.steps_per_epoch * t.grad_accum)
     gpu = acc.device.type == "cuda"
-    for batch in batching.make_loader(s.train_ds, sampler, s.collate, t.num_workers, pin_memory=gpu):
+    for batch in batching.make_loader(s.train_ds, sampler, s.collate, t.num_workers, pin_memory=gpu, columns=s.columns):
         yield {k: v.to(acc.device, non_blocking=gpu) for k, v in batch.items()}  # pinned: async copy
 
 

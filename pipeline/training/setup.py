@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeline import artifacts
 from pipeline.config import Config
+from pipeline import tasks
 from pipeline.inference import padding
 from pipeline.training import batching, budget, build, checkpoint, rundir
 from pipeline.training.state_io import Best, TrainState
@@ -35,7 +36,8 @@ class Setup:
     train_ds: Any
     val_ds: Any
     lengths: Any  # numpy int array: tokens per train row
-    collate: batching.Collator
+    collate: Any  # the task's collator
+    columns: tuple  # what the loader reads of a row: input_ids and the task's columns
     label_names: list
     run_dir: Path
     total_steps: int  # the plan; train.max_minutes fixes it after measuring (budget.py)
@@ -196,7 +198,8 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, mp: str, total: int, s
     if t.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     set_seed(t.seed, deterministic=t.deterministic)
-    model = build.build_model(cfg, tok, prep.label_names)
+    task = tasks.get(cfg.task)
+    model = task.build_model(cfg, tok, {"label_names": prep.label_names})
     build.check_fit(model, tok, train_ds, cfg.tokenize.max_length, f"model {cfg.model.name_or_path or cfg.model.from_scratch}")
     if t.gradient_checkpointing:  # non-reentrant: works under DDP (no "marked ready twice")
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -205,12 +208,12 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, mp: str, total: int, s
     if saved is None:
         _set_aside_earlier_attempt(acc, run_dir)
     acc.wait_for_everyone()
-    collate = batching.Collator(tok.pad_token_id, padding.pad_multiple(acc.device.type, t.pad_to_multiple_of),
-                                cfg.tokenize.max_length)
+    collate = task.collator(tok.pad_token_id, padding.pad_multiple(acc.device.type, t.pad_to_multiple_of),
+                            cfg.tokenize.max_length)
     log = rundir.MetricsLog(run_dir / "metrics.jsonl", acc.is_main_process, saved.step if saved else None)
     return Setup(cfg=cfg, acc=acc, model=model, optimizer=optimizer, scheduler=scheduler, tok=tok, train_ds=train_ds,
                  val_ds=prep.splits["validation"], lengths=np.asarray(train_ds["length"][:], dtype=np.int64),
-                 collate=collate, label_names=prep.label_names, run_dir=run_dir, total_steps=total,
+                 collate=collate, columns=("input_ids", *task.columns), label_names=prep.label_names, run_dir=run_dir, total_steps=total,
                  steps_per_epoch=spe, precision=mp, log=log, config_path=config_path)
 
 

@@ -9,6 +9,7 @@ from trainkit import run_dir
 from pipeline import accel
 from pipeline.config import load_config
 from pipeline.train import main
+from pipeline.tasks.classification.model import build_model
 from pipeline.training import build, signals
 from pipeline.training.loop import train
 
@@ -85,15 +86,15 @@ def _dropouts(model) -> tuple[set, set]:
 
 def test_attention_dropout_overrides_only_the_attention_probabilities():
     tok, labels = _tokenizer(), ["neg", "pos"]
-    kept = build.build_model(load_config(None), tok, labels)  # the packaged MiniLM: 0.1 everywhere
+    kept = build_model(load_config(None), tok, {"label_names": labels})  # the packaged MiniLM: 0.1 everywhere
     assert _dropouts(kept) == ({0.1}, {0.1}) and kept.config.attention_probs_dropout_prob == 0.1
-    off = build.build_model(load_config(None, ["model.attention_dropout=0"]), tok, labels)
+    off = build_model(load_config(None, ["model.attention_dropout=0"]), tok, {"label_names": labels})
     assert _dropouts(off) == ({0.0}, {0.1}) and off.config.attention_probs_dropout_prob == 0.0
     scratch = ["model.from_scratch=bert", "model.dropout=0.2"]
-    assert _dropouts(build.build_model(load_config(None, scratch), tok, labels)) == ({0.2}, {0.2})
-    assert _dropouts(build.build_model(load_config(None, [*scratch, "model.attention_dropout=0.05"]), tok, labels)) \
+    assert _dropouts(build_model(load_config(None, scratch), tok, {"label_names": labels})) == ({0.2}, {0.2})
+    assert _dropouts(build_model(load_config(None, [*scratch, "model.attention_dropout=0.05"]), tok, {"label_names": labels})) \
         == ({0.05}, {0.2})
-    gpt2 = build.build_model(load_config(None, ["model.from_scratch=gpt2", "model.attention_dropout=0"]), tok, labels)
+    gpt2 = build_model(load_config(None, ["model.from_scratch=gpt2", "model.attention_dropout=0"]), tok, {"label_names": labels})
     assert gpt2.config.attn_pdrop == 0.0 and gpt2.config.resid_pdrop == 0.1
 
 
@@ -107,7 +108,7 @@ def test_attention_dropout_zero_runs_sdpa_fused_in_training():
     scratch = ["model.from_scratch=bert", "model.hidden_size=32", "model.num_heads=2", "model.num_layers=1"]
     ids = torch.randint(1000, 2000, (2, 16))
     for extra, fused in (([], False), (["model.attention_dropout=0"], True)):
-        model = build.build_model(load_config(None, [*scratch, *extra]), tok, labels).train()
+        model = build_model(load_config(None, [*scratch, *extra]), tok, {"label_names": labels}).train()
         with profile() as prof:
             model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([0, 1])).loss.backward()
         names = {e.key for e in prof.key_averages()}

@@ -3,6 +3,7 @@ exports a model that `pipeline()` loads, and handles non-finite losses by policy
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from trainkit import LABELS, clone_prepared, records, run_dir
 
 from pipeline.config import load_config
+from pipeline import tasks
 from pipeline.training import build, checkpoint, signals
 from pipeline.training.loop import train
 
@@ -125,7 +127,8 @@ def test_gpt2_from_scratch_with_bpe(prepared, fresh_accelerate):
 
 def _poison_classifier(monkeypatch, bad_calls: set[int] | None, from_call: int | None = None):
     """Make the classifier head output NaN on chosen training forward passes (test-side patch)."""
-    real = build.build_model
+    task = tasks.get("classification")
+    real = task.build_model
     calls = {"n": 0}
 
     def hook(mod, args, out):
@@ -141,7 +144,7 @@ def _poison_classifier(monkeypatch, bad_calls: set[int] | None, from_call: int |
         model.classifier.register_forward_hook(hook)
         return model
 
-    monkeypatch.setattr(build, "build_model", patched)
+    monkeypatch.setitem(tasks.TASKS, "classification", dataclasses.replace(task, build_model=patched))
 
 
 def test_nan_skip_drops_the_update_and_continues(prepared, fresh_accelerate, monkeypatch):

@@ -31,6 +31,24 @@ class StageResult:
     stats: dict[str, Any] = field(default_factory=dict)  # anything else worth reporting (JSON-serialisable)
 
 
+@dataclass
+class Stage:
+    """Every stage function has one shape: fn(input, its config section, context) -> StageResult."""
+
+    name: str
+    fn: Callable[..., StageResult]  # the stage function; its module's import closure is its code
+    section: Any  # its config section, passed to fn
+    uses: tuple = ()  # other sections its output depends on (fingerprinted too), reached through the context
+
+    @property
+    def config(self) -> tuple:
+        """Every setting the stage's output depends on: what its fingerprint covers."""
+        return (self.section, *self.uses)
+
+    def run(self, data: Any, ctx: StageContext) -> StageResult:
+        return self.fn(data, self.section, ctx)
+
+
 class StageFailed(RuntimeError):
     """A stage could not finish for a reason that is not the input's (a Ray worker lost for good)."""
 

@@ -1,0 +1,46 @@
+"""Single-label text classification: a label stage maps raw labels to class ids before tokenize; the model
+is AutoModelForSequenceClassification; validation and evaluation score logits of shape (n, num_labels)."""
+
+from __future__ import annotations
+
+from pipeline.data.engines.base import Stage
+from pipeline.task import Task
+from pipeline.tasks.classification import collate, label, model, score
+
+METRICS = {"accuracy": True, "macro_f1": True, "loss": False}  # metric_for_best: True where higher is better
+
+
+def stages(cfg, tokenize: Stage) -> list[Stage]:
+    return [Stage("label", label.label, cfg.label), tokenize]
+
+
+def data_info(manifests: dict) -> dict:
+    return {"label_names": manifests["label"]["stats"]["label_names"]}
+
+
+def validate(cfg) -> None:
+    """label.names and label.rules, and train.metric_for_best, checked before any data is read."""
+    label.check_config(cfg.label)
+    if cfg.train.metric_for_best not in METRICS:
+        raise ValueError(f"train.metric_for_best: {cfg.train.metric_for_best!r} is not one of "
+                         f"{', '.join(map(repr, METRICS))} (the classification task's metrics)")
+
+
+def score_logits(logits, ds, info: dict) -> dict:
+    """Every scalar validation metric (loss, accuracy, macro/micro F1, examples) of (n, num_labels) logits."""
+    metrics = score.logit_metrics(logits, ds["label"][:], info["label_names"])
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+
+
+TASK = Task(
+    name="classification",
+    stages=stages,
+    data_info=data_info,
+    validate=validate,
+    columns=("label",),
+    metrics=METRICS,
+    collator=collate.Collator,
+    build_model=model.build_model,
+    model_class=model.model_class,
+    score=score_logits,
+)

@@ -134,3 +134,12 @@ def label(dd, cfg: LabelConfig, ctx: StageContext) -> StageResult:
     counts = {s: {n: c for n, c in per_split[s][0].items() if n in index} for s in SPLITS}
     stats = {"label_names": names, "class_counts": counts, "classes_without_documents": absent}
     return StageResult(result, {k: v for k, v in dropped.items() if v}, stats)
+
+
+def check_config(cfg: LabelConfig) -> None:
+    """label.names and label.rules, checked before any data is read (not when the label stage runs)."""
+    names = [str(n) for n in cfg.names]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"label.names repeats {', '.join(map(repr, repeated))}; each class is named once")
+    compile_rules(cfg.rules)

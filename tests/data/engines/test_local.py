@@ -52,7 +52,7 @@ def _tables(stage: Path) -> dict:
 @pytest.mark.slow
 def test_prepare_with_two_processes_equals_one_process(tmp_path):
     one, two = _stage_dirs(_prepare(tmp_path, 1)), _stage_dirs(_prepare(tmp_path, 2))
-    assert [p.name.split("-")[1] for p in one] == [p.name.split("-")[1] for p in two] == list(runner.STAGE_NAMES)
+    assert [p.name.split("-")[1] for p in one] == [p.name.split("-")[1] for p in two] == ["load", "clean", "dedup", "split", "label", "tokenize"]
     man = {p.name.split("-")[1]: json.loads((p / "manifest.json").read_text()) for p in two}
     assert man["dedup"]["stats"]["signature_processes"] == 2  # the comparison is of a real 2-process run
     assert man["clean"]["rows_in"] >= 2 * 5000  # clean's threshold for 2 processes

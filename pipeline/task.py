@@ -1,0 +1,41 @@
+"""What a task supplies: the seam between what every run shares and what differs by what the model learns.
+
+The stages up to split, tokenize, the training loop, checkpoints, batching order, the time budget, the
+run folder and the inference backends know no task. A task is a folder under pipeline/tasks/ whose
+`__init__.py` builds one `Task`, and one line in pipeline/tasks/__init__.py's registry names it
+(docs/adding-a-task.md). A task's code imports downwards only (schema, data, inference, metrics),
+never the config loader, training or evaluation, which ask the task through this contract.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    # prepare: the stages after split, placing the shared tokenize stage among its own: (cfg, tokenize) -> [Stage]
+    stages: Callable[[Any, Any], list]
+    # prepared.json: what the task records about its data from the stage manifests (classification: label_names)
+    data_info: Callable[[dict], dict]
+    # config checks of the task's own sections, before any work: (cfg) -> None, raising ValueError
+    validate: Callable[[Any], None]
+    # columns the tokenized splits must hold for training and evaluation, besides input_ids and length
+    columns: tuple[str, ...]
+    # validation metrics that can rank checkpoints (train.metric_for_best), each: True if higher is better
+    metrics: dict[str, bool]
+    # training: (pad_id, pad multiple, max_length) -> a collate function from rows to model inputs
+    collator: Callable[..., Any]
+    # the model: (cfg, tokenizer, data info) -> a new model to train; and the transformers Auto class that
+    # loads a trained one (from_pretrained or from_config)
+    build_model: Callable[..., Any]
+    model_class: Callable[[], Any]
+    # predict-and-score: (model outputs of shape (n, ...), the split, data info) -> {metric: value, ...}
+    score: Callable[..., dict]
+
+
+def better(task: Task, metric: str) -> bool:
+    """Is a higher value of `metric` better (train.metric_for_best's direction)?"""
+    return task.metrics[metric]
