@@ -13,7 +13,7 @@ as a user would, one after the other in fresh processes: prepare.py, train.py, e
 with configs/imdb.yaml and the packaged all-MiniLM-L6-v2 at max_length 128, the same number of steps
 and the same batch for every variant (chunking's steps see chunks, so it sees less of each review per
 step and more rows in all). Scored per document: chunking averages a review's chunk logits
-(pipeline/evaluation/aggregate.py), truncation has one row per review. Times are wall-clock seconds of
+(pipeline/tasks/classification/aggregate.py), truncation has one row per review. Times are wall-clock seconds of
 each command (process start-up included) and, for training, the optimizer steps alone (metrics.jsonl).
 Prints a markdown table; compare ratios, the CPU is shared.
 """
@@ -129,7 +129,7 @@ def probe(args, train, test) -> list[dict]:
     from sklearn.feature_extraction.text import CountVectorizer
     from sklearn.linear_model import LogisticRegression
 
-    from pipeline.evaluation.aggregate import aggregate_documents
+    from pipeline.tasks.classification.aggregate import aggregate_documents
     from pipeline.tasks.classification.score import logit_metrics
 
     def flat(windows, labels):

@@ -24,7 +24,7 @@ from pipeline.config import config_from_args, make_parser  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     from pipeline.evaluation import run
     from pipeline.inference import backends
-    from pipeline.tasks.classification import report
+    from pipeline import tasks
 
     parser = make_parser("evaluate.py", __doc__)
     parser.add_argument("--split", help="prepared split to evaluate (eval.split)")
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.eval, split=args.split or cfg.eval.split, checkpoint=args.checkpoint or cfg.eval.checkpoint))
     metrics = run.evaluate_checkpoint(cfg, args.config, progress=not args.quiet)
     if metrics is not None:  # the main process reports; the others only helped predict
-        print(report.format_table(metrics))
+        print(tasks.get(cfg.task).summary(metrics))
     return 0
 
 

@@ -34,6 +34,13 @@ class Task:
     model_class: Callable[[], Any]
     # predict-and-score: (model outputs of shape (n, ...), the split, data info) -> {metric: value, ...}
     score: Callable[..., dict]
+    # evaluate.py: (model, data info, checkpoint) -> None, raising ValueError when the model cannot score this
+    # data; (outputs, split, data info) -> the task's part of metrics.json; the report files written into a
+    # folder beside metrics.json: (folder, metrics, outputs, split, eval section); the summary printed
+    check_model: Callable[..., None]
+    evaluate: Callable[..., dict]
+    write_report: Callable[..., None]
+    summary: Callable[[dict], str]
 
 
 def better(task: Task, metric: str) -> bool:

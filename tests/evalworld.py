@@ -124,7 +124,7 @@ def build_world(root: Path, data_labels=LABELS, model_labels=LABELS) -> World:
     artifacts.write_json_atomic(stage_dir / artifacts.MANIFEST, artifacts.manifest(stage="tokenize"))
     artifacts.write_json_atomic(cfg.data_dir / PREPARED, {
         "stage_dir": str(stage_dir), "fingerprint": "test", "content_fingerprint": "test", "config_fingerprint": data_config_fingerprint(cfg),
-        "label_names": list(data_labels),
+        "task": "classification", "data_info": {"label_names": list(data_labels)},
     })
     export_untrained(cfg.run_dir, tokenizer, list(model_labels))
     write_checkpoint(cfg.run_dir, "step-4", _model(len(tokenizer), list(model_labels), seed=1), step=4, macro_f1=0.6, data_fp="test")

@@ -496,7 +496,7 @@ def test_train_before_prepare_repeats_the_users_overrides(tmp_path):
 def test_overrides_may_follow_flags_and_prepare_then_works(tmp_path):
     out = _prepare(*_data_overrides(tmp_path, _corpus(tmp_path / "c.csv")), "--force", "split.seed=5")
     assert out.returncode == 0, out.stderr
-    assert json.loads((tmp_path / "out" / "data" / runner.PREPARED).read_text())["label_names"] == ["mid", "neg", "pos"]
+    assert json.loads((tmp_path / "out" / "data" / runner.PREPARED).read_text())["data_info"]["label_names"] == ["mid", "neg", "pos"]
 
 
 def test_nan_inf_spellings_all_fail():

@@ -12,7 +12,7 @@ from pipeline.config import Config, override_args
 
 
 # what the prepared data depends on (model: the pretrained tokenizer's name), and where it goes
-DATA_SECTIONS = ("output_dir", "source", "clean", "dedup", "split", "label", "tokenize", "model")
+DATA_SECTIONS = ("output_dir", "task", "source", "clean", "dedup", "split", "label", "tokenize", "model")
 
 
 def prepare_command(cfg: Config, config_path: str) -> str:
@@ -27,7 +27,7 @@ def prepare_command(cfg: Config, config_path: str) -> str:
 class Prepared:
     splits: Any  # datasets.DatasetDict with input_ids, attention_mask, length, label, id, text, chunk
     tokenizer_dir: Path
-    label_names: list[str]
+    info: dict  # what the task recorded about its data (Task.data_info; classification: label_names)
     fingerprint: str  # content_fingerprint of the last stage: what the data is, whichever code made it
     stage_dir: Path  # the tokenize stage's folder; runner.stage_manifests reads the chain behind it
 
@@ -55,7 +55,7 @@ def load_prepared(cfg: Config, config_path: str = "<config>") -> Prepared:
     return Prepared(
         splits=load_stage(stage_dir, "tokenize", cmd),
         tokenizer_dir=stage_dir / "tokenizer",
-        label_names=list(info["label_names"]),
+        info=dict(info.get("data_info", {})),
         fingerprint=info.get("content_fingerprint") or stage_content(stage_dir, artifacts.read_json(stage_dir / artifacts.MANIFEST)),
         stage_dir=stage_dir,
     )

@@ -104,7 +104,7 @@ def data_config_fingerprint(cfg: Config) -> str:
     """Fingerprint of every setting that shapes the prepared data (not the source bytes)."""
     tok = pretrained_tokenizer_name(cfg) if cfg.tokenize.kind == "pretrained" else ""
     return artifacts.fingerprint(
-        _config_dicts((cfg.source, cfg.clean, cfg.dedup, cfg.split, cfg.label, cfg.tokenize)), tok
+        _config_dicts((cfg.source, cfg.clean, cfg.dedup, cfg.split, cfg.label, cfg.tokenize)), tok, cfg.task
     )
 
 
@@ -146,7 +146,8 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
             "fingerprint": manifests[last]["fingerprint"],
             "content_fingerprint": stage_content(data_dir, manifests[last]),
             "config_fingerprint": data_config_fingerprint(cfg),
-            **tasks.get(cfg.task).data_info(manifests),
+            "task": cfg.task,
+            "data_info": tasks.get(cfg.task).data_info(manifests),
         },
     )
     artifacts.write_json_atomic(cfg.data_dir / "report.json", rows)

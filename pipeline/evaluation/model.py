@@ -1,4 +1,4 @@
-"""Which weights to evaluate, and loading them as a classifier whose labels match the data.
+"""Which weights to evaluate, and loading them as the task's model.
 
 The run directory's layout belongs to pipeline/training/checkpoint.py (and rundir.py); this module
 asks them where things are. Whatever is loaded is first verified against its manifest (sizes and
@@ -35,40 +35,26 @@ def _verified(ckpt: Path) -> None:
         raise ValueError(f"{ckpt} is not usable: {reason}; pick another checkpoint (--checkpoint best|last|NAME)")
 
 
-def load_classifier(ckpt: Path, run_dir: str | Path) -> Any:
-    """A final/ directory (from_pretrained) or a complete checkpoint (from_config + its state_dict)."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+def load_model(ckpt: Path, run_dir: str | Path, auto_class: Any) -> Any:
+    """A final/ directory (from_pretrained) or a complete checkpoint (from_config + its state_dict), as
+    the task's transformers Auto class (`Task.model_class()`)."""
+    from transformers import AutoConfig
 
     if (ckpt / "config.json").is_file() and not checkpoint.is_final(ckpt):
         raise FileNotFoundError(f"{ckpt} has config.json but no {checkpoint.WEIGHTS}: the model was not (fully) "
                                 f"saved; train again or pick a checkpoint")
     _verified(ckpt)
     if checkpoint.is_final(ckpt):
-        return AutoModelForSequenceClassification.from_pretrained(ckpt)
+        return auto_class.from_pretrained(ckpt)
     config_dir = checkpoint.model_config_dir(ckpt)
     if not (config_dir / "config.json").is_file():  # a checkpoint copied out of its run: this run's
         config_dir = Path(run_dir) / "model_config"
     if not (config_dir / "config.json").is_file():
         raise FileNotFoundError(f"checkpoint {ckpt} has weights but no {config_dir / 'config.json'} beside its run; "
                                 f"cannot build the model to load them into")
-    model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(config_dir))
+    model = auto_class.from_config(AutoConfig.from_pretrained(config_dir))
     checkpoint.load_weights(ckpt, model)  # whatever save_state wrote (DDP prefix, FSDP shards), checked first
     return model
-
-
-def model_label_names(model: Any) -> list[str]:
-    id2label = {int(k): v for k, v in model.config.id2label.items()}
-    return [id2label[i] for i in range(len(id2label))]
-
-
-def check_labels(model: Any, data_labels: list[str], ckpt: Path) -> None:
-    """The classifier's label set (id2label, in id order) must be the prepared data's."""
-    names = model_label_names(model)
-    if names != list(data_labels):
-        raise ValueError(
-            f"label mismatch: checkpoint {ckpt} predicts {names} (config id2label) but the prepared data has "
-            f"{list(data_labels)}; evaluate with the config the model was trained with"
-        )
 
 
 def checkpoint_step(ckpt: Path) -> int:

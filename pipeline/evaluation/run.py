@@ -1,4 +1,5 @@
-"""Evaluate one checkpoint on one prepared split: predict, aggregate, score, write, summarise."""
+"""Evaluate one checkpoint on one prepared split: load it as the task's model, predict, and have the task
+score the outputs and write its report beside metrics.json."""
 
 from __future__ import annotations
 
@@ -11,11 +12,9 @@ import numpy as np
 
 from pipeline import artifacts
 from pipeline.config import Config
-from pipeline.evaluation import aggregate, model as model_io
-from pipeline.inference import backends
-from pipeline.inference import predict
-from pipeline.tasks.classification import report
-from pipeline.tasks.classification import score
+from pipeline import tasks
+from pipeline.evaluation import model as model_io
+from pipeline.inference import backends, predict
 
 
 def output_dir(cfg: Config, ckpt: Path) -> Path:
@@ -32,37 +31,33 @@ def select_split(splits: Any, name: str, where: Path) -> Any:
     return splits[name]
 
 
-def _score(dataset: Any, logits: np.ndarray, label_names: list[str]) -> tuple[dict, dict, aggregate.Documents]:
-    labels = np.asarray(dataset["label"][:], dtype=np.int64)
-    chunk = score.logit_metrics(logits, labels, label_names)
-    docs = aggregate.aggregate_documents(dataset["id"][:], logits, labels)
-    document = score.logit_metrics(docs.logits, docs.labels, label_names)
-    return chunk, document, docs
-
-
-def _write(out: Path, metrics: dict, dataset: Any, logits: np.ndarray, docs: aggregate.Documents, cfg: Config, step: int) -> None:
-    """Everything lands in a temporary folder renamed into place: never a half-written report."""
-    names, chars = metrics["label_names"], cfg.eval.snippet_chars
-    examples = report.prediction_rows(dataset["id"][:], dataset["label"][:], aggregate.softmax(logits), names, {
-        "chunk": dataset["chunk"][:], "text": [report.snippet(t, chars) for t in dataset["text"][:]]})
-    documents = report.prediction_rows(docs.ids, docs.labels, aggregate.softmax(docs.logits), names, {
-        "chunks": docs.num_chunks.tolist()})
-    with artifacts.atomic_dir(out, replace=True) as tmp:
-        artifacts.write_json_atomic(tmp / "metrics.json", metrics)
-        report.write_jsonl(tmp / "predictions.jsonl", examples)
-        report.write_jsonl(tmp / "documents.jsonl", documents)
-        report.write_confusion(tmp, "confusion_matrix", metrics["chunk"]["confusion_matrix"], names, f"{cfg.eval.split}: chunks")
-        if docs.num_chunks.max() > 1:
-            report.write_confusion(tmp, "confusion_matrix_documents", metrics["document"]["confusion_matrix"], names,
-                                   f"{cfg.eval.split}: documents")
-        report.write_tensorboard(tmp, metrics, names, step)
-
-
 def _test_set(prepared: Any, documents: int) -> str:
     """metrics.json's test_set: which test set was scored, from the manifests of the prepared data."""
     from pipeline.data.runner import stage_manifests
 
-    return report.describe_test_set(stage_manifests(prepared.stage_dir), documents)
+    return describe_test_set(stage_manifests(prepared.stage_dir), documents)
+
+
+def describe_test_set(manifests: dict[str, dict], documents: int) -> str:
+    """Which test set `documents` scored documents are, from the prepare manifests behind them
+    (runner.stage_manifests): the source's official split kept whole, a deduplicated one, or one
+    held out by hash. Counts are documents (rows before chunking)."""
+    dedup, split = manifests.get("dedup"), manifests.get("split")
+    if dedup is None or split is None:
+        return f"unknown ({documents} documents; the prepare manifests of dedup and split are not next to the data)"
+    cleaned = sum(manifests.get("clean", {}).get("dropped", {}).values())
+    note = f"; clean dropped {cleaned} rows of any split before dedup" if cleaned else ""
+    source = dedup["stats"].get("test_split")
+    if not split["stats"].get("source_split_kept") or source is None:
+        return f"held out by hash ({documents} documents; split.test of the rows, not a split of the source{note})"
+    rows = source["rows"]
+    if source["kept_whole"]:
+        lost = rows - documents
+        kept = f"all {rows} rows kept" if not lost else f"{documents} of {rows} rows, {lost} dropped after dedup"
+        return f"official ({kept}; {source['kept_within_test']} within-test copies reported{note})"
+    leaks = split["dropped"].get("leak_test", 0)
+    return (f"deduplicated ({documents} of {rows} rows; {source['removed']} removed by dedup, "
+            f"{leaks} by the leakage check{note})")
 
 
 def _onnx_cache(ckpt: Path, model: Any, precision: str, runtime: str) -> Path | None:
@@ -82,8 +77,9 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
     prepared = load_prepared(cfg, config_path)
     dataset = select_split(prepared.splits, cfg.eval.split, cfg.data_dir)
     ckpt = model_io.resolve_checkpoint(cfg.run_dir, cfg.eval.checkpoint)
-    model = model_io.load_classifier(ckpt, cfg.run_dir)
-    model_io.check_labels(model, prepared.label_names, ckpt)
+    task = tasks.get(cfg.task)
+    model = model_io.load_model(ckpt, cfg.run_dir, task.model_class())
+    task.check_model(model, prepared.info, ckpt)
     accelerator = make_accelerator()  # one gloo group when launched as several CPU processes
     start = time.perf_counter()
     precision, runtime = backends.precision_of(cfg.eval), cfg.eval.runtime
@@ -99,20 +95,21 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
     if trained_on is not None and not is_same_data(trained_on, prepared):
         print(f"warning: {ckpt} was trained on other prepared data (fingerprint {trained_on}) than this config's "
               f"({prepared.fingerprint}); split '{cfg.eval.split}' may overlap what it was trained on", file=sys.stderr)
-    chunk, document, docs = _score(dataset, logits, prepared.label_names)
+    scored = task.evaluate(logits, dataset, prepared.info)  # the task's part of metrics.json
     out = output_dir(cfg, ckpt)
     metrics = {
         "split": cfg.eval.split, "checkpoint": cfg.eval.checkpoint, "checkpoint_path": str(ckpt),
-        "step": model_io.checkpoint_step(ckpt), "label_names": prepared.label_names,
-        "chunk": chunk, "document": document,
+        "step": model_io.checkpoint_step(ckpt), **scored,
         "seconds": round(seconds, 3), "examples_per_second": len(dataset) / max(seconds, 1e-9),
         "processes": accelerator.num_processes, "precision": precision, "bf16": precision == "bf16", "runtime": runtime,
         "onnx_export": None if runtime == "torch" else {"dir": str(onnx_dir) if onnx_dir else None, "reused": reused},
         "attention": backends.attention_of(model) if runtime == "torch" else "fused (onnxruntime Attention)",
         "batch_size": cfg.eval.batch_size,
-        "test_set": _test_set(prepared, len(docs.ids)) if cfg.eval.split == "test" else None,
+        "test_set": _test_set(prepared, len(set(dataset["id"][:]))) if cfg.eval.split == "test" else None,
         "data_fingerprint": prepared.fingerprint, "training_data_fingerprint": trained_on, "output_dir": str(out), "versions": artifacts.library_versions(),
     }
-    _write(out, metrics, dataset, logits, docs, cfg, metrics["step"])
+    with artifacts.atomic_dir(out, replace=True) as tmp:  # never a half-written report
+        artifacts.write_json_atomic(tmp / "metrics.json", metrics)
+        task.write_report(tmp, metrics, logits, dataset, cfg.eval)
     accelerator.end_training()
     return metrics

@@ -180,14 +180,15 @@ def _validation_seconds(s: Any) -> float:
     rows = order[np.linspace(0, n - 1, min(n, size)).round().astype(int)]
     precision = precision_of(s.cfg.eval)
     # warm-up, untimed: the metric modules load once per process, not once per validation
-    evaluate(s.acc, s.model, s.val_ds.select(rows[:1]), 1, s.label_names, precision)
+    evaluate(s.acc, s.model, s.val_ds.select(rows[:1]), 1, s.task, s.data_info, precision)
     start = time.perf_counter()
     runtime, scratch = s.cfg.eval.runtime, s.cfg.run_dir
     # int8: the copy each validation makes; onnxruntime: the export each validation makes
     for_inference(s.acc.unwrap_model(s.model), precision, s.acc.device, runtime, scratch=scratch)
     fixed = time.perf_counter() - start
     start = time.perf_counter()
-    evaluate(s.acc, s.model, s.val_ds.select(rows), s.cfg.eval.batch_size, s.label_names, precision, runtime, scratch)
+    evaluate(s.acc, s.model, s.val_ds.select(rows), s.cfg.eval.batch_size, s.task, s.data_info, precision, runtime,
+             scratch)
     return fixed + max(time.perf_counter() - start - fixed, 0.0) * n / len(rows)
 
 

@@ -8,12 +8,13 @@
 from __future__ import annotations
 
 from pipeline.inference.predict import predict_logits
-from pipeline.tasks.classification.score import logit_metrics
 
 
-def evaluate(acc, model, ds, batch_size: int, label_names: list[str], precision: str = "fp32",
+def evaluate(acc, model, ds, batch_size: int, task, info: dict, precision: str = "fp32",
              runtime: str = "torch", scratch=None) -> dict:
-    """Every scalar validation metric (loss, accuracy, macro/micro F1, examples) of the model as it is now.
+    """Every scalar validation metric of the model as it is now, as the task scores its outputs
+    (`task.score`; classification: loss, accuracy, macro/micro F1, examples); `info` is the data's
+    (prepared.json's data_info).
 
     `precision` is eval.precision (backends.precision_of): int8 scores a quantized copy, as
     evaluate.py would, and leaves the training model untouched. `runtime` is eval.runtime:
@@ -24,5 +25,4 @@ def evaluate(acc, model, ds, batch_size: int, label_names: list[str], precision:
     logits = predict_logits(acc.unwrap_model(model), ds, batch_size, acc, precision, progress=False,
                             runtime=runtime, scratch=scratch)
     model.train(was_training)
-    metrics = logit_metrics(logits, ds["label"][:], label_names)
-    return {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+    return task.score(logits, ds, info)

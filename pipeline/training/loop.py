@@ -222,7 +222,7 @@ def _evaluate(s: Setup, st: TrainState) -> None:
     from pipeline.inference.backends import precision_of
     from pipeline.training.evaluation import evaluate
 
-    m = evaluate(s.acc, s.model, s.val_ds, s.cfg.eval.batch_size, s.label_names, precision_of(s.cfg.eval),
+    m = evaluate(s.acc, s.model, s.val_ds, s.cfg.eval.batch_size, s.task, s.data_info, precision_of(s.cfg.eval),
                  s.cfg.eval.runtime, s.cfg.run_dir)
     st.metrics = m
     st.best.offer(m[st.best.metric], st.step)

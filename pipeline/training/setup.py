@@ -38,7 +38,8 @@ class Setup:
     lengths: Any  # numpy int array: tokens per train row
     collate: Any  # the task's collator
     columns: tuple  # what the loader reads of a row: input_ids and the task's columns
-    label_names: list
+    task: Any  # pipeline.task.Task: builds the model, collates, scores validation
+    data_info: dict  # what the task recorded about the prepared data (prepared.json)
     run_dir: Path
     total_steps: int  # the plan; train.max_minutes fixes it after measuring (budget.py)
     steps_per_epoch: int
@@ -114,7 +115,8 @@ def _load_data(cfg: Config, config_path: str):
 
     prep = load_prepared(cfg, config_path)
     for split in ("train", "validation"):
-        missing = {"input_ids", "label", "length"} - set(prep.splits[split].column_names) if split in prep.splits else {"split"}
+        needed = {"input_ids", "length", *tasks.get(cfg.task).columns}
+        missing = needed - set(prep.splits[split].column_names) if split in prep.splits else {"split"}
         if missing:
             raise ValueError(f"prepared data in {cfg.data_dir} lacks {split} {sorted(missing)}; "
                              f"rerun `{prepare_command(cfg, config_path)}`")
@@ -199,7 +201,7 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, mp: str, total: int, s
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     set_seed(t.seed, deterministic=t.deterministic)
     task = tasks.get(cfg.task)
-    model = task.build_model(cfg, tok, {"label_names": prep.label_names})
+    model = task.build_model(cfg, tok, prep.info)
     build.check_fit(model, tok, train_ds, cfg.tokenize.max_length, f"model {cfg.model.name_or_path or cfg.model.from_scratch}")
     if t.gradient_checkpointing:  # non-reentrant: works under DDP (no "marked ready twice")
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -213,7 +215,7 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, mp: str, total: int, s
     log = rundir.MetricsLog(run_dir / "metrics.jsonl", acc.is_main_process, saved.step if saved else None)
     return Setup(cfg=cfg, acc=acc, model=model, optimizer=optimizer, scheduler=scheduler, tok=tok, train_ds=train_ds,
                  val_ds=prep.splits["validation"], lengths=np.asarray(train_ds["length"][:], dtype=np.int64),
-                 collate=collate, columns=("input_ids", *task.columns), label_names=prep.label_names, run_dir=run_dir, total_steps=total,
+                 collate=collate, columns=("input_ids", *task.columns), task=task, data_info=prep.info, run_dir=run_dir, total_steps=total,
                  steps_per_epoch=spe, precision=mp, log=log, config_path=config_path)
 
 
@@ -228,13 +230,13 @@ def _start_state(s: Setup, ckpt: Path | None, saved: TrainState | None, fps: dic
     """A fresh state, or the checkpoint's with its weights, optimizer, scheduler and RNG loaded."""
     metric = s.cfg.train.metric_for_best
     if saved is None:
-        return TrainState.fresh(metric, s.total_steps, s.acc.num_processes, fps)
+        return TrainState.fresh(metric, s.task.metrics[metric], s.total_steps, s.acc.num_processes, fps)
     if saved.total_steps != s.total_steps and s.acc.is_main_process:
         checkpoint.warn(f"total steps changed from {saved.total_steps} to {s.total_steps}: the learning-rate "
                         f"schedule differs from the original run's from here on")
     checkpoint.load_checkpoint(s.acc, ckpt, s.model, s.optimizer, s.scheduler)  # RNG last: nothing draws after
     # metric_for_best is free on resume: this run's metric and direction, the saved best value and step
-    best = Best.of(metric, saved.best.value, saved.best.step)
+    best = Best.of(metric, s.task.metrics[metric], saved.best.value, saved.best.step)
     return replace(saved, total_steps=s.total_steps, num_processes=s.acc.num_processes, fingerprints=fps, best=best)
 
 

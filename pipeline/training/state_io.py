@@ -48,8 +48,8 @@ class Best:
     step: int | None = None
 
     @classmethod
-    def of(cls, metric: str, value: float | None = None, step: int | None = None) -> Best:
-        return cls(metric, metric != "loss", value, step)  # the one place the direction is decided
+    def of(cls, metric: str, greater_is_better: bool, value: float | None = None, step: int | None = None) -> Best:
+        return cls(metric, greater_is_better, value, step)  # the direction is the task's (Task.metrics)
 
     def offer(self, value: float, step: int) -> None:
         if self.value is None or (value > self.value if self.greater_is_better else value < self.value):
@@ -82,8 +82,9 @@ class TrainState:
     fingerprints: dict  # model, data and the train settings that shape the updates (setup.check_resumable)
 
     @classmethod
-    def fresh(cls, metric: str, total_steps: int, num_processes: int, fingerprints: dict) -> TrainState:
-        return cls(0, 0, 0, total_steps, {}, Best.of(metric), NanCount(), num_processes, fingerprints)
+    def fresh(cls, metric: str, greater_is_better: bool, total_steps: int, num_processes: int,
+              fingerprints: dict) -> TrainState:
+        return cls(0, 0, 0, total_steps, {}, Best.of(metric, greater_is_better), NanCount(), num_processes, fingerprints)
 
     def to_json(self) -> dict:
         return {**asdict(self), "format": FORMAT}  # field order, nested ones too

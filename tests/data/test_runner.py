@@ -42,7 +42,7 @@ def test_first_run_then_fully_cached(tmp_path):
     assert not any(r["cached"] for r in rows)
     assert rows[0]["rows_out"] == 301
     info = json.loads((cfg.data_dir / runner.PREPARED).read_text())
-    assert info["label_names"] == ["neg", "pos"]
+    assert info["data_info"]["label_names"] == ["neg", "pos"]
     again = runner.run(cfg, progress=False)
     assert all(r["cached"] for r in again)
     assert [r["rows_out"] for r in again] == [r["rows_out"] for r in rows]

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from pipeline.evaluation import model as model_io
+from pipeline.tasks.classification import evaluate as classification
+from pipeline.tasks.classification.model import model_class
 
 
 def test_names_resolve_to_the_right_folders(world):
@@ -21,11 +23,11 @@ def test_a_checkpoint_loads_its_own_weights_into_model_config(world):
     from safetensors.torch import load_file
 
     ckpt = world.run_dir / "checkpoints" / "step-8"
-    model = model_io.load_classifier(ckpt, world.run_dir)
+    model = model_io.load_model(ckpt, world.run_dir, model_class())
     want = load_file(str(ckpt / "model.safetensors"))
     for key, value in model.state_dict().items():
         assert torch.equal(value, want[key]), key
-    assert model_io.model_label_names(model) == world.label_names
+    assert classification.model_label_names(model) == world.label_names
     assert model_io.checkpoint_step(ckpt) == 8
 
 
@@ -43,7 +45,7 @@ def test_incomplete_checkpoint_is_refused(world):
     with pytest.raises(ValueError, match="incomplete"):
         model_io.resolve_checkpoint(world.run_dir, "step-8")
     with pytest.raises(ValueError, match="incomplete"):
-        model_io.load_classifier(ckpt, world.run_dir)
+        model_io.load_model(ckpt, world.run_dir, model_class())
 
 
 @pytest.mark.parametrize("name", ["final", "step-4"])
@@ -55,18 +57,18 @@ def test_a_flipped_byte_is_refused_naming_the_file_never_scored(world, name, whe
     data[len(data) - 5 if where == "tensor data" else 12] ^= 0x01
     weights.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="model.safetensors does not match its sha256"):
-        model_io.load_classifier(ckpt, world.run_dir)
+        model_io.load_model(ckpt, world.run_dir, model_class())
 
 
 def test_final_without_weights_is_refused(world):
     (world.run_dir / "final" / "model.safetensors").unlink()
     ckpt = model_io.resolve_checkpoint(world.run_dir, "final")
     with pytest.raises(FileNotFoundError, match="no model.safetensors"):
-        model_io.load_classifier(ckpt, world.run_dir)
+        model_io.load_model(ckpt, world.run_dir, model_class())
 
 
 def test_label_mismatch_names_both_label_sets(world):
-    model = model_io.load_classifier(world.run_dir / "final", world.run_dir)
+    model = model_io.load_model(world.run_dir / "final", world.run_dir, model_class())
     with pytest.raises(ValueError, match=r"\['negative', 'neutral', 'positive'\].*\['neg', 'pos'\]"):
-        model_io.check_labels(model, ["neg", "pos"], world.run_dir / "final")
-    model_io.check_labels(model, world.label_names, world.run_dir / "final")  # same set: no error
+        classification.check_labels(model, ["neg", "pos"], world.run_dir / "final")
+    classification.check_labels(model, world.label_names, world.run_dir / "final")  # same set: no error

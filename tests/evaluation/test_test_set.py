@@ -11,7 +11,7 @@ import numpy as np
 
 from pipeline.config import load_config
 from pipeline.data import runner
-from pipeline.tasks.classification.report import describe_test_set as describe
+from pipeline.evaluation.run import describe_test_set as describe
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "tiny.yaml"
@@ -61,7 +61,7 @@ def prepare_and_evaluate(tmp_path: Path, untrained_model, *extra: str) -> tuple[
     cfg = load_config(TINY, args)
     runner.run(cfg, progress=False)
     prepared = load_prepared(cfg)
-    untrained_model(cfg.run_dir, PreTrainedTokenizerFast.from_pretrained(prepared.tokenizer_dir), prepared.label_names)
+    untrained_model(cfg.run_dir, PreTrainedTokenizerFast.from_pretrained(prepared.tokenizer_dir), prepared.info["label_names"])
     assert _main(["--config", str(TINY), "--split", "test", "--quiet", *args]) == 0
     return json.loads((cfg.run_dir / "eval" / "test-final" / "metrics.json").read_text()), cfg.data_dir / "stages"
 

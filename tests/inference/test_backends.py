@@ -9,8 +9,11 @@ from accelerate import Accelerator
 from transformers import AutoModelForSequenceClassification
 
 from pipeline.config import ConfigError, load_config
+from pipeline.tasks import classification as _classification
 from pipeline.inference import backends
 from pipeline.inference import predict
+
+CLASSIFICATION = _classification.TASK
 
 
 def _final(world):
@@ -75,10 +78,10 @@ def test_validation_during_training_scores_int8_as_evaluate_does(world):
 
     model, ds, acc = _final(world), _test_split(world), Accelerator(cpu=True)
     model.train()
-    got = evaluate(acc, model, ds, 4, world.label_names, precision="int8")
+    got = evaluate(acc, model, ds, 4, CLASSIFICATION, {"label_names": world.label_names}, precision="int8")
     assert model.training  # handed back in training mode, never quantized in place
     logits = predict.predict_logits(model, ds, batch_size=4, accelerator=acc, precision="int8", progress=False)
     want = logit_metrics(logits, ds["label"][:], world.label_names)
     assert got["loss"] == pytest.approx(want["loss"]) and got["accuracy"] == want["accuracy"]
-    fp32 = evaluate(acc, model, ds, 4, world.label_names)
+    fp32 = evaluate(acc, model, ds, 4, CLASSIFICATION, {"label_names": world.label_names})
     assert fp32["loss"] != pytest.approx(got["loss"], abs=1e-7)  # the precision was applied, not ignored

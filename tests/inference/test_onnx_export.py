@@ -13,6 +13,7 @@ from transformers import AutoModelForSequenceClassification, BertConfig, BertFor
 
 from pipeline import artifacts
 from pipeline.config import ConfigError, load_config
+from pipeline.tasks import classification as _classification
 from pipeline.inference import backends
 from pipeline.inference import onnx_export
 from pipeline.inference import predict
@@ -20,6 +21,8 @@ from pipeline.training import checkpoint
 
 pytest.importorskip("onnxruntime")
 ACC = Accelerator(cpu=True)
+
+CLASSIFICATION = _classification.TASK
 
 
 def _final(world):
@@ -147,8 +150,8 @@ def test_validation_exports_into_the_run_dir_and_cleans_up(world):
 
     model, ds = _final(world), _test_split(world)
     model.train()
-    got = evaluate(ACC, model, ds, 4, world.label_names, "fp32", "onnxruntime", world.run_dir)
-    want = evaluate(ACC, model, ds, 4, world.label_names, "fp32")
+    got = evaluate(ACC, model, ds, 4, CLASSIFICATION, {"label_names": world.label_names}, "fp32", "onnxruntime", world.run_dir)
+    want = evaluate(ACC, model, ds, 4, CLASSIFICATION, {"label_names": world.label_names}, "fp32")
     assert model.training and model.config._attn_implementation != "eager"  # the training model is untouched
     assert got["loss"] == pytest.approx(want["loss"], abs=1e-5) and got["accuracy"] == want["accuracy"]
     assert not [p.name for p in world.run_dir.iterdir() if "onnx" in p.name]  # no export left behind

@@ -106,7 +106,7 @@ def test_a_damaged_shard_makes_resume_fall_back(tmp_path, damage):
 
 def test_mismatched_resume_is_an_error(tmp_path):
     fps = {"model": "m1", "data": "d1", "train": {"batch_size": 8, "grad_accum": 2, "seed": 1}}
-    state = TrainState.fresh("accuracy", 100, 2, fps)
+    state = TrainState.fresh("accuracy", True, 100, 2, fps)
     check_resumable(state, fps, 2, tmp_path)
     check_resumable(state, {**fps, "train": {**fps["train"], "batch_size": 16}}, 1, tmp_path)  # elastic: 8 x 2 = 16 x 1
     check_resumable(state, {**fps, "train": {**fps["train"], "batch_size": 4}}, 4, tmp_path)

@@ -118,11 +118,11 @@ def test_a_state_json_of_todays_format_loads_and_is_written_back_byte_for_byte(t
 
 
 def test_a_fresh_state_round_trips_and_decides_the_direction_once():
-    st = state_io.TrainState.fresh("macro_f1", 30, 2, {"model": "m", "data": "d", "train": {}})
-    assert st.best.greater_is_better and not state_io.Best.of("loss").greater_is_better
+    st = state_io.TrainState.fresh("macro_f1", True, 30, 2, {"model": "m", "data": "d", "train": {}})
+    assert st.best.greater_is_better and not state_io.Best.of("loss", False).greater_is_better
     st.best.offer(0.5, 3), st.best.offer(0.4, 6)
     assert (st.best.value, st.best.step) == (0.5, 3)
-    low = state_io.Best.of("loss")
+    low = state_io.Best.of("loss", False)
     low.offer(0.5, 3), low.offer(0.4, 6)
     assert (low.value, low.step) == (0.4, 6)
     back = state_io.TrainState.from_json(json.loads(json.dumps(st.to_json())), "x")

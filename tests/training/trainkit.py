@@ -86,7 +86,7 @@ def build_prepared(tmp: Path, kind: str = "wordpiece", n_train: int = 160, n_val
     artifacts.write_json_atomic(stage / artifacts.MANIFEST, artifacts.manifest(stage="tokenize", stats={"label_names": LABELS}))
     artifacts.write_json_atomic(cfg.data_dir / PREPARED, {
         "stage_dir": str(stage), "fingerprint": f"toy-{kind}-{n_train}", "config_fingerprint": data_config_fingerprint(cfg),
-        "label_names": LABELS,
+        "task": "classification", "data_info": {"label_names": LABELS},
     })
     return config
 

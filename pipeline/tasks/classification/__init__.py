@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pipeline.data.engines.base import Stage
 from pipeline.task import Task
-from pipeline.tasks.classification import collate, label, model, score
+from pipeline.tasks.classification import collate, evaluate, label, model, report, score
 
 METRICS = {"accuracy": True, "macro_f1": True, "loss": False}  # metric_for_best: True where higher is better
 
@@ -43,4 +43,8 @@ TASK = Task(
     build_model=model.build_model,
     model_class=model.model_class,
     score=score_logits,
+    check_model=evaluate.check_model,
+    evaluate=evaluate.evaluate,
+    write_report=evaluate.write_report,
+    summary=report.format_table,
 )

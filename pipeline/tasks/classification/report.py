@@ -19,28 +19,6 @@ from typing import Any
 import numpy as np
 
 
-def describe_test_set(manifests: dict[str, dict], documents: int) -> str:
-    """Which test set `documents` scored documents are, from the prepare manifests behind them
-    (runner.stage_manifests): the source's official split kept whole, a deduplicated one, or one
-    held out by hash. Counts are documents (rows before chunking)."""
-    dedup, split = manifests.get("dedup"), manifests.get("split")
-    if dedup is None or split is None:
-        return f"unknown ({documents} documents; the prepare manifests of dedup and split are not next to the data)"
-    cleaned = sum(manifests.get("clean", {}).get("dropped", {}).values())
-    note = f"; clean dropped {cleaned} rows of any split before dedup" if cleaned else ""
-    source = dedup["stats"].get("test_split")
-    if not split["stats"].get("source_split_kept") or source is None:
-        return f"held out by hash ({documents} documents; split.test of the rows, not a split of the source{note})"
-    rows = source["rows"]
-    if source["kept_whole"]:
-        lost = rows - documents
-        kept = f"all {rows} rows kept" if not lost else f"{documents} of {rows} rows, {lost} dropped after dedup"
-        return f"official ({kept}; {source['kept_within_test']} within-test copies reported{note})"
-    leaks = split["dropped"].get("leak_test", 0)
-    return (f"deduplicated ({documents} of {rows} rows; {source['removed']} removed by dedup, "
-            f"{leaks} by the leakage check{note})")
-
-
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for row in rows:

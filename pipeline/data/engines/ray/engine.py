@@ -1,98 +1,12 @@
-"""The Ray engine (prepare.engine=ray): the stages' own functions, run on Ray over Arrow blocks.
+"""The Ray engine (prepare.engine=ray): the stages' own functions, run in plain Ray tasks over blocks of
+contiguous rows, each task reading its rows from the stage's files and writing its shard of the next.
 
-What moves and what stays (the engines differ in how they move data, never in what a stage decides):
-- Row-wise work (clean, split's chunking, label, tokenize): the stage's per-batch function, the one
-  the local engine hands to `datasets.map`, runs in Ray tasks, one per block of `ray.blocks` contiguous
-  rows (ray_io.py): each task reads its rows from the stage's files itself (a memory-mapped Dataset
-  pickles as its file names, column operations and row indices, not as rows) and writes them, mapped
-  and cast to the local engine's features, as one Arrow shard under the stage's temporary folder,
-  as save_to_disk's shard writer writes one (ray_io.StageShard; blocks cut as datasets' shard()
-  cuts); the map's result is those shards, memory-mapped, in order. `save`: a split that is exactly
-  tasks' StageShards (load's parts, clean, dedup's kept rows, split's routed splits and chunks, the
-  leakage removal, label, tokenize: ray_io.route writes them too) takes them by a rename (each row
-  written once); any other (a select, pending column operations) is written by a task per shard
-  with datasets' own shard writer; the driver writes only state.json and dataset_info.json (and
-  dataset_dict.json). Each file is byte for byte what save_to_disk writes for its rows, the folder
-  `save_to_disk(num_shards=blocks)`'s where the blocks are even (tested). Plain Ray tasks rather than Ray
-  Data's map_batches: Ray Data neither reads a datasets folder through its indices and column
-  operations nor writes datasets' layout, and the stage's rows must not come back to the driver.
-- Dedup (ray_dedup.py, the shuffle in shuffle.py; minhash.py does the arithmetic, ray_tasks.py holds
-  the shuffle's task bodies and shapes), a chain of Ray tasks over global row numbers:
-  1. per block: a 128-bit hash of each normalized text, hash-partitioned; per partition, the exact
-     groups (equal hashes, texts compared by the task: a collision never merges two texts), each
-     labelled by its smallest row;
-  2. the near search over each block's rows less the exact copies of smaller rows: signatures and band
-     keys (`minhash._sketch_chunk`, `minhash._band_keys`) hash-partitioned by band key (the sketch stays
-     in the object store), candidate pairs per partition re-partitioned by pair, the rows each pair
-     partition names cut out of each block's sketch where the block lies, the candidates verified with
-     exact Jaccard (`minhash.ShingleSets`) from those rows only: no task receives a whole block's sketch;
-  3. connected components: `minhash.union_find` on the driver over only the verified pairs' endpoints
-     when there are at most `ray.driver_edges` pairs, else min-label propagation over the edge shards
-     where they lie (each round: each shard lowers its nodes' labels to their neighbours', one merge
-     task min-reduces and pointer-jumps them, until nothing changes; the (rows,) label vector lives in
-     the object store and that task, never on the driver);
-  4. a join gives each clustered row its cluster's key (a row), a shuffle by key brings each cluster
-     whole to one task, which reads its rows' id, text and source_split and runs dedup.plan_rows (the
-     local engine's rule) on them, writing its clusters' report lines sorted by kept id; the driver
-     merges those files into clusters.jsonl, streaming; then one task per block writes the block's rows
-     less the removed ones as a shard.
-  A component's label is its smallest row, so the clusters, kept rows and report are the local
-  engine's exactly (tested at 1, 2 and 7 blocks, shuffled, both components methods). A giant
-  component lands whole in one planning task.
-- The leakage check (split): the same shuffle over train + validation/test (the sketch tasks reading
-  both sides' rows), keeping only the pairs across the two sides (a band-key join), verified; each
-  query's best match chosen as locally; the ids of only the rows with a hit fetched by tasks.
-- Reductions and filtered maps: a stage's counts, label sets and length histograms come from
-  `reduce` (each task reads only the columns it needs of a block from the stage's files and returns
-  a small partial: a Counter, a set, per-row fixed-width values; the driver combines them in row
-  order), and clean's map, counts and filter are one pass of `map_filter` tasks that write only the
-  kept rows (ray_io.py), as are label's map and filter with label.unknown=drop.
-- Split's rows (ray_split.py): one pass of tasks computes each row's split by split.py's rules and
-  writes each split's rows as that split's shard (a split is its shards, memory-mapped, in order);
-  stratified, each class's cuts are found first by a distributed selection (a histogram of the
-  hash's top bits summed by tasks, then the (hash, id) of only the rows in the cuts' buckets); the
-  leakage check's removal is a pass of tasks that write the other rows.
-- Load (ray_load.py): the source read in parts (parts.py: byte ranges at line starts, a quoted CSV's
-  at record starts found by quote parity, row groups, a label folder's files, a hub split's row
-  ranges) by tasks that run the local engine's reader and write the rows as Arrow
-  files; ids numbered and checked across parts by a shuffle of fixed-width keys (min(parts, blocks)
-  partitions); the driver adds up the parts' counts and facts by the rules of one whole read
-  (load.settle). The stage's rows are the last round's StageShards, renamed into the stage
-  folder: each row written twice in all (round 1's file, the shard).
-
-What still runs on the driver (the process that runs prepare), and what it holds:
-- load: the parts' plan (cut points, a CSV's quote count and first line starts per range, row group
-  numbers, a label folder's file list), their counts and first errors, the five ids a repeated-id
-  error names; a `hub` dataset's download (datasets.load_dataset writes its Arrow files into the HF
-  cache; the driver keeps them memory-mapped and hands tasks row ranges of them; a split that is not
-  memory-mapped is read here whole, as locally); a CSV whose quotes quote parity cannot model (a
-  quote inside an unquoted value, say) is read by one task;
-- clean, label, tokenize: none of their rows or columns. The driver receives per block the drop
-  counts (clean), the class names found with their counts and first 3 ids each (label), a
-  histogram of token lengths (tokenize, tallied in the map tasks, which drop its `truncated` column);
-  it keeps memory-mapped views of the shards the tasks wrote; with label.unknown=drop, the kept rows'
-  count per block. One exception: training a tokenizer reads the
-  train texts here (the tokenizers trainer; a sample would not give the local tokenizer);
-- split: no per-row array. The distinct source split names (or labels: the classes), each block's
-  row count per split, memory-mapped views of the shards; stratified, one histogram of classes x
-  2^16 int64 counts (whatever the rows and blocks; fewer buckets for many classes, at most 32 MiB)
-  and the hash, id and row of the rows in the cuts' buckets (~2 per 2^16 rows of a class), then two
-  thresholds per class; the leakage check: each query's best match, the ids of the rows with a hit,
-  and those rows' indices (the rest are written by tasks);
-- the stage folders are written by the tasks (above), so every node must see output_dir (shared
-  storage on a cluster; a task that cannot see a stage's file fails naming it in one line);
-- dedup: no text, id or source_split column and no per-row array (tested: the bytes it receives do not
-  grow with the rows): the source_split column's distinct values with their counts, O(blocks x
-  partitions) object refs, counts, the verified pairs when at most `ray.driver_edges` (16 B each; the
-  union-find then over their endpoints only), and clusters.jsonl streamed from the planning tasks' files.
-Measured (bench_ray.py --before, loaded machine, bench/RESULTS.md): the Ray dedup's driver anonymous memory
-grows 25 B per short document (was 215 B; its RSS 123 B, was 332 B, the rest mapped Arrow file pages;
-~half of the 25 B is Ray keeping task returns under 100 KiB in their owner's, the driver's, memory).
-
-A task whose worker dies is rerun by Ray up to `ray.max_retries` times (a rerun map or save task
-writes its shard again from the start); past that the stage fails with `StageFailed` (one line)
-and, since its folder is only renamed into place when complete, nothing of it is taken as done
-(nor when prepare dies between two of `save`'s renames: the shards lie in that temporary folder).
+The design, with diagrams (what each task reads and writes, dedup's chain over global row numbers,
+split's routing, load's parts, what the driver holds, what is guaranteed and measured), is
+docs/ray-engine.md. The modules: io.py (row-wise maps, reductions, StageShard, routing), load.py
+(the source in parts), dedup.py (dedup on Ray), shuffle.py (the band-key and hash shuffles dedup and the
+leakage check share), split.py (split's routing), tasks.py (task bodies and shapes). Every entry point
+gives the local engine's answer (engines/local.py), tested row for row and byte for byte.
 """
 
 from __future__ import annotations
@@ -319,7 +233,7 @@ class RayEngine:
 
         return ray_load.load(self, path, cfg, where)
 
-    # ------------------------------------------------------------ reductions and filtered maps (issue 15)
+    # ------------------------------------------------------------ reductions and filtered maps
     def block_bounds(self, rows: int) -> list[tuple[int, int]]:
         """(start, end) of each block of contiguous rows, as map_batches cuts them: where datasets'
         `shard(n, k, contiguous=True)` cuts, so a map's shards are save_to_disk's (ray_io.StageShard)."""

@@ -145,7 +145,7 @@ def write_splits(folder: Path, splits: list[str]) -> None:
         json.dump({"splits": splits}, f)
 
 
-# ---------------------------------------------------------------- reductions and filtered maps (issue 15)
+# ---------------------------------------------------------------- reductions and filtered maps
 def open_packed(packed: tuple[list[str], Any]) -> Any:
     """The packed Dataset, its files checked visible on this node first (a task that writes nothing)."""
     import ray

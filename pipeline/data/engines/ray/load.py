@@ -24,9 +24,8 @@ Four rounds of tasks; the driver receives counts and the few facts that make the
   4. write, per part: round 2's rows again, ids numbered, the sample (load_stage.finish_table), written
      as the stage folder's shard (ray_io.StageShard).
 The stage's rows are those shards, memory-mapped, in order; the runner's `save` renames them into the
-stage folder. So each row is written twice in all, round 1's file and the final shard (was four
-times: round 1's, 2's and 4's files, then the stage folder's copy of them), and the disk holds at
-most those two copies. Everything lies in the stage's temporary folder, so a failed load leaves
+stage folder. So each row is written twice in all, round 1's file and the final shard, and the disk
+holds at most those two copies. Everything lies in the stage's temporary folder, so a failed load leaves
 nothing that a later run takes for complete.
 """
 

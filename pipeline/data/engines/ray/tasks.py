@@ -9,8 +9,8 @@ Dedup's shuffle, as shuffle._verified_pairs chains them (N texts in `nb` blocks,
   _pairs_and_rows (per pair part.) -> its distinct pairs (K, 2) and, per block, the rows they name;
   _take_rows (per block)           -> for each pair partition, the sub-sketch of only those rows;
   _verify (per pair partition)     -> the pairs at Jaccard >= threshold, from those sub-sketches.
-So a verification task receives the sketches of the texts of its pairs and nothing else (before
-issue 15's second round it received every block's whole sketch: `parts` copies of the corpus's).
+So a verification task receives the sketches of the texts of its pairs and nothing else, never a
+block's whole sketch.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def test_tiny_config_prepared_on_ray_equals_the_local_engine(tmp_path, ray_clust
     assert len(leaks) > 0  # the join found what the local index finds (compared byte for byte above)
     dedup_row = rows["ray"][2]
     assert dedup_row["dropped"]["near_duplicate"] > 0 and dedup_row["dropped"]["exact_duplicate"] > 0
-    assert json.loads((tmp_path / "ray" / "data" / "prepared.json").read_text())["label_names"] == [
+    assert json.loads((tmp_path / "ray" / "data" / "prepared.json").read_text())["data_info"]["label_names"] == [
         "negative", "neutral", "positive"]
 
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from pipeline.evaluation.aggregate import aggregate_documents, softmax
+from pipeline.tasks.classification.aggregate import aggregate_documents, softmax
 
 
 def test_planted_document_mean_of_chunk_logits():
