@@ -21,9 +21,18 @@ import yaml
 
 from pipeline import tasks
 from pipeline.schema import (  # noqa: F401 - the schema's names, imported from here by the package
-    SourceConfig, CleanConfig, DedupConfig, SplitConfig, LabelConfig,
-    TokenizeConfig, PrepareConfig, RayConfig, ModelConfig, TrainConfig,
-    EvalConfig, Config,
+    CleanConfig,
+    Config,
+    DedupConfig,
+    EvalConfig,
+    LabelConfig,
+    ModelConfig,
+    PrepareConfig,
+    RayConfig,
+    SourceConfig,
+    SplitConfig,
+    TokenizeConfig,
+    TrainConfig,
 )
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"

@@ -22,9 +22,9 @@ from pipeline.config import config_from_args, make_parser  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipeline import tasks
     from pipeline.evaluation import run
     from pipeline.inference import backends
-    from pipeline import tasks
 
     parser = make_parser("evaluate.py", __doc__)
     parser.add_argument("--split", help="prepared split to evaluate (eval.split)")

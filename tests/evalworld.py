@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from pipeline import artifacts
-from pipeline.training import checkpoint, rundir
 from pipeline.config import Config, load_config
+from pipeline.training import checkpoint, rundir
 
 REPO = Path(__file__).resolve().parents[1]
 LABELS = ["negative", "neutral", "positive"]

@@ -26,8 +26,8 @@ import pytest
 from pipeline import artifacts
 from pipeline.config import Config, ConfigError, SourceConfig, load_config
 from pipeline.data import runner
-from pipeline.data.stages import load
 from pipeline.data.engines.base import StageContext
+from pipeline.data.stages import load
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"

@@ -10,7 +10,6 @@ from typing import Any
 from pipeline import artifacts
 from pipeline.config import Config, override_args
 
-
 # what the prepared data depends on (model: the pretrained tokenizer's name), and where it goes
 DATA_SECTIONS = ("output_dir", "task", "source", "clean", "dedup", "split", "label", "tokenize", "model")
 

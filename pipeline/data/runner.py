@@ -17,22 +17,20 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
-import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pipeline
-from pipeline import artifacts, cli
+from pipeline import artifacts, cli, tasks
 from pipeline.config import Config, pretrained_tokenizer_name
 from pipeline.data.content import content_fingerprint
 from pipeline.data.engines.base import Stage, StageContext, StageFailed, StageResult  # noqa: F401 - prepare's
 from pipeline.data.engines.local import LocalEngine
 from pipeline.data.engines.ops import num_rows
 from pipeline.data.stages import clean, dedup, load, split, tokenize
-from pipeline import tasks
 
 PREPARED = "prepared.json"
 SECTION_OF = {"load": "source"}  # the config section of a stage not named after it

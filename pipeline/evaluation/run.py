@@ -8,11 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from pipeline import artifacts
+from pipeline import artifacts, tasks
 from pipeline.config import Config
-from pipeline import tasks
 from pipeline.evaluation import model as model_io
 from pipeline.inference import backends, predict
 

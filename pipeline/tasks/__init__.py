@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import difflib
 
-from pipeline.tasks import classification
 from pipeline.task import Task
+from pipeline.tasks import classification
 
 TASKS: dict[str, Task] = {
     "classification": classification.TASK,

@@ -18,7 +18,6 @@ from typing import Any, Iterator
 
 import numpy as np
 
-
 MEGABATCH = 50  # length grouping sorts windows of 50 global batches (as transformers' LengthGroupedSampler)
 
 

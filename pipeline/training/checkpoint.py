@@ -28,6 +28,7 @@ import shutil
 import sys
 import uuid
 from pathlib import Path
+
 from pipeline import artifacts
 from pipeline.artifacts import MANIFEST, file_sha256, read_json, write_json_atomic
 from pipeline.training import state_io

@@ -10,9 +10,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from pipeline import artifacts
+from pipeline import artifacts, tasks
 from pipeline.config import Config
-from pipeline import tasks
 from pipeline.inference import padding
 from pipeline.training import batching, budget, build, checkpoint, rundir
 from pipeline.training.state_io import Best, TrainState

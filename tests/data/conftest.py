@@ -11,6 +11,7 @@ import pytest
 @pytest.fixture(scope="session")
 def ray_cluster():
     import ray  # in the dev extra: CI runs these tests, it does not skip them
+
     from pipeline.config import RayConfig
     from pipeline.data.engines.ray import engine as engine_ray
 

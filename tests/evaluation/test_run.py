@@ -5,11 +5,10 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
-
-from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -48,10 +48,10 @@ def write_source(path: Path) -> None:
 
 
 def prepare_and_evaluate(tmp_path: Path, untrained_model, *extra: str) -> tuple[dict, Path]:
+    from test_run import _main
     from transformers import PreTrainedTokenizerFast
 
     from pipeline.data.prepared import load_prepared
-    from test_run import _main
 
     src = tmp_path / "source.jsonl"
     write_source(src)

@@ -9,9 +9,8 @@ from accelerate import Accelerator
 from transformers import AutoModelForSequenceClassification
 
 from pipeline.config import ConfigError, load_config
+from pipeline.inference import backends, predict
 from pipeline.tasks import classification as _classification
-from pipeline.inference import backends
-from pipeline.inference import predict
 
 CLASSIFICATION = _classification.TASK
 

@@ -13,10 +13,8 @@ from transformers import AutoModelForSequenceClassification, BertConfig, BertFor
 
 from pipeline import artifacts
 from pipeline.config import ConfigError, load_config
+from pipeline.inference import backends, onnx_export, predict
 from pipeline.tasks import classification as _classification
-from pipeline.inference import backends
-from pipeline.inference import onnx_export
-from pipeline.inference import predict
 from pipeline.training import checkpoint
 
 pytest.importorskip("onnxruntime")

@@ -8,8 +8,8 @@ from trainkit import run_dir
 
 from pipeline import accel
 from pipeline.config import load_config
-from pipeline.train import main
 from pipeline.tasks.classification.model import build_model
+from pipeline.train import main
 from pipeline.training import build, signals
 from pipeline.training.loop import train
 

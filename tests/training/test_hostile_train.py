@@ -78,9 +78,8 @@ def test_a_corrupt_state_json_is_named_and_passed_over(prepared, fresh_accelerat
 
 
 def test_an_empty_validation_split_is_refused_before_training(prepared, fresh_accelerate):
-    import pytest
-
     import datasets
+    import pytest
 
     from pipeline import artifacts
     from pipeline.data import runner

@@ -10,8 +10,8 @@ import pytest
 import torch
 from trainkit import LABELS, clone_prepared, records, run_dir
 
-from pipeline.config import load_config
 from pipeline import tasks
+from pipeline.config import load_config
 from pipeline.training import build, checkpoint, signals
 from pipeline.training.loop import train
 

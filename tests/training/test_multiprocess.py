@@ -27,7 +27,16 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
-from multikit import launch_two_machines, launch_two_processes, log_of, stop, wait_all, wait_for_step, worker_exit_codes, workers
+from multikit import (
+    launch_two_machines,
+    launch_two_processes,
+    log_of,
+    stop,
+    wait_all,
+    wait_for_step,
+    worker_exit_codes,
+    workers,
+)
 from trainkit import build_prepared, clone_prepared, final_weights, launch, log_text, records, run_dir, trajectory
 
 from pipeline.training import batching, checkpoint

@@ -17,7 +17,7 @@ from typing import Any, Callable, ContextManager, Protocol
 
 from pipeline.data.engines.local import LocalEngine
 
-# Column contract between stages:
+# Column contract between stages (the split names and the text column are named once, in ops.py):
 #   load/clean/dedup: id (str), text (str), label (str, "" when unlabelled), source_split (str, "" when none)
 #   split:            a DatasetDict train/validation/test with id, text, label, chunk (int, 0 unless chunked)
 #   label:            label becomes an int ClassLabel feature

@@ -6,7 +6,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from pipeline.data.engines.ops import column, map_batches
+from pipeline.data.engines.ops import TEXT, column, map_batches
 
 
 class LocalEngine:
@@ -78,7 +78,7 @@ class LocalEngine:
     def cross_duplicates(self, reference: Any, query: Any, cfg: Any, threshold: float, find: Any) -> list:
         """find (minhash.cross_duplicates: a MinHashLSH index of the reference's) on the two datasets'
         texts as lists, in this process."""
-        return find(column(reference, "text"), column(query, "text"), cfg, threshold, self.num_proc)
+        return find(column(reference, TEXT), column(query, TEXT), cfg, threshold, self.num_proc)
 
     # ------------------------------------------------------------ split's rows (the Ray engine's: ray_split.py)
     def split_rows(self, ds: Any, cfg: Any, split_local: Any) -> tuple[dict, bool]:

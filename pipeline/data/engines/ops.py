@@ -7,6 +7,7 @@ import hashlib
 from typing import Any
 
 SPLITS = ("train", "validation", "test")
+TEXT = "text"  # the column a document's text is in, from load on: source.text_field's values go there
 
 
 def num_rows(data: Any) -> int:

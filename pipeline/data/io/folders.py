@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.schema import SourceConfig
+from pipeline.data.engines.ops import TEXT
 from pipeline.data.io.parts import WHOLE, Facts, Part, codec_of
+from pipeline.schema import SourceConfig
 
 FOLDER_SPLITS = ("train", "validation", "valid", "val", "dev", "test")
 
@@ -42,7 +43,7 @@ def read_folder(path: Path, cfg: SourceConfig, part: Part = WHOLE) -> tuple[pa.T
     texts = [_read_text(f, encoding) for _, _, f in files]
     return pa.table({
         "id": pa.array([_name(f.relative_to(path).as_posix()) for _, _, f in files], pa.string()),
-        "text": pa.array(texts, pa.string()),
+        TEXT: pa.array(texts, pa.string()),
         "label": pa.array([_name(label) for _, label, _ in files], pa.string()),
         "source_split": pa.array([split for split, _, _ in files], pa.string()),
     }), Facts(rows=len(files))

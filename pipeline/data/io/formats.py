@@ -11,10 +11,7 @@ from pipeline.schema import SourceConfig
 
 def plan_parts(path: Path, cfg: SourceConfig, n: int) -> list[parts.Part]:
     """`path` cut into at most `n` parts (fewer where there are fewer lines, row groups or files),
-    at least one per parts.MAX_PART_BYTES of a text file; n <= 1: the whole source, untouched."""
-    from pipeline.data.io import folders
-    from pipeline.data.io import readers
-
+    at least one per MAX_PART_BYTES of a text file; n <= 1: the whole source, untouched."""
     if cfg.format == "hub":
         return hub.hub_parts(cfg, n)
     if cfg.format == "folder":

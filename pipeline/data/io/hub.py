@@ -45,7 +45,7 @@ def reachable(url: str, timeout: float = HUB_CHECK_TIMEOUT_S) -> bool:
     return bool(ok)
 
 
-def read_hub(cfg: SourceConfig, part: Part = WHOLE) -> tuple[pa.Table, parts.Facts]:
+def read_hub(cfg: SourceConfig, part: Part = WHOLE) -> tuple[pa.Table, Facts]:
     """The reader of format hub (formats.read_part): every split, loaded here, or the rows of one
     split's range, from its cache files (a Ray task's part: hub_parts), as strings."""
     import pickle

@@ -20,23 +20,23 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.schema import SourceConfig
-from pipeline.data.io import folders
-from pipeline.data.io import parts
+from pipeline.data.engines.ops import TEXT
+from pipeline.data.io import folders, parts
 from pipeline.data.io.parts import WHOLE, Facts, Part
+from pipeline.schema import SourceConfig
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def needed_columns(cfg: SourceConfig) -> dict[str, str]:
     """Contract column -> the source's column name, for the configured fields."""
-    pairs = {"text": cfg.text_field, "label": cfg.label_field, "id": cfg.id_field, "source_split": cfg.split_field}
+    pairs = {TEXT: cfg.text_field, "label": cfg.label_field, "id": cfg.id_field, "source_split": cfg.split_field}
     return {ours: theirs for ours, theirs in pairs.items() if theirs}
 
 
 def check_columns(available: list[str], cfg: SourceConfig, where: str) -> dict[str, str]:
     """The needed columns, or an error listing the columns that exist and the closest match."""
-    keys = {"text": "text_field", "label": "label_field", "id": "id_field", "source_split": "split_field"}
+    keys = {TEXT: "text_field", "label": "label_field", "id": "id_field", "source_split": "split_field"}
     needed = needed_columns(cfg)
     for ours, theirs in needed.items():
         if available.count(theirs) > 1:  # pyarrow would silently take one of them
@@ -267,7 +267,7 @@ def read_jsonl_lines(path: Path, cfg: SourceConfig, part: Part = WHOLE) -> tuple
     facts = Facts(lines=True, bad_at=[])
     start = part.span[0] if part.span else 0
     for k, raw in enumerate(_raw_lines(path, part.span)):
-        n = len(values["text"])
+        n = len(values[TEXT])
         if cfg.max_rows and n >= cfg.max_rows:
             break
         try:
@@ -292,7 +292,7 @@ def read_jsonl_lines(path: Path, cfg: SourceConfig, part: Part = WHOLE) -> tuple
             facts.columns.setdefault(key, n)
         for ours in fields:
             values[ours].append(row[ours])
-    facts.rows, facts.bad = len(values["text"]), len(facts.bad_at)
+    facts.rows, facts.bad = len(values[TEXT]), len(facts.bad_at)
     return pa.table({ours: pa.array(vals, pa.string()) for ours, vals in values.items()}), facts
 
 

@@ -27,8 +27,16 @@ from multiprocessing import get_context
 
 import numpy as np
 
-from pipeline.data.similarity.shingling import GOLD, U64, _ranges, fmix64, shingle_hashes
-from pipeline.data.similarity.shingling import normalize_text, shingles, text_hashes  # noqa: F401 - part of this module's API
+from pipeline.data.similarity.shingling import (  # noqa: F401 - part of this module's API
+    GOLD,
+    U64,
+    _ranges,
+    fmix64,
+    normalize_text,
+    shingle_hashes,
+    shingles,
+    text_hashes,
+)
 
 _SIGNATURE_BLOCK = 1 << 20  # uint32 values per signature block: 4 MiB; a block of 2^17 costs ~3x more
 # (each ufunc call loops over P rows), one of 2^22 ~2x (out of cache): bench/RESULTS.md

@@ -27,11 +27,11 @@ from collections import Counter
 import ftfy
 from ftfy import badness
 
-from pipeline.schema import CleanConfig
 from pipeline.data.engines.base import StageContext, StageResult
+from pipeline.data.engines.ops import TEXT, add_up
+from pipeline.schema import CleanConfig
 
 # ftfy for encoding repair only; the later steps of this module own the rest
-from pipeline.data.engines.ops import add_up
 _FTFY = ftfy.TextFixerConfig(
     unescape_html=False, uncurl_quotes=False, fix_latin_ligatures=False, fix_character_width=False,
     normalization=None, explain=False,
@@ -135,14 +135,14 @@ def drop_reason(text: str, cfg: CleanConfig) -> str:
 def _clean_batch(batch: dict, cfg: CleanConfig) -> dict:
     """Batched map: new text, the drop reason, and two counters' worth of flags for the report."""
     texts, reasons, repaired, suspect = [], [], [], []
-    for raw in batch["text"]:
+    for raw in batch[TEXT]:
         fixed = repair(raw) if cfg.fix_mojibake else raw
         text = normalise(fixed, cfg)
         texts.append(text)
         reasons.append(drop_reason(text, cfg))
         repaired.append(fixed != raw)
         suspect.append(not text.isascii() and badness.is_bad(text))  # mojibake ftfy could not repair
-    return {"text": texts, "_drop": reasons, "_repaired": repaired, "_suspect": suspect}
+    return {TEXT: texts, "_drop": reasons, "_repaired": repaired, "_suspect": suspect}
 
 
 def _kept(table):
@@ -165,7 +165,7 @@ def clean(ds, cfg: CleanConfig, ctx: StageContext) -> StageResult:
     counts and the filter are one pass (on Ray, in the tasks: the kept rows never reach the driver)."""
     import datasets
 
-    added = {"text": datasets.Value("string"), "_drop": datasets.Value("string"),
+    added = {TEXT: datasets.Value("string"), "_drop": datasets.Value("string"),
              "_repaired": datasets.Value("bool"), "_suspect": datasets.Value("bool")}
     quiet = not ctx.progress and not datasets.are_progress_bars_disabled()  # restore what we found
     if quiet:

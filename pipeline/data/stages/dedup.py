@@ -27,11 +27,11 @@ from typing import Iterator
 
 import numpy as np
 
-from pipeline.schema import DedupConfig
-from pipeline.data.similarity import minhash
 from pipeline.data.engines.base import StageContext, StageResult
-from pipeline.data.engines.ops import add_up, column
+from pipeline.data.engines.ops import TEXT, add_up, column
+from pipeline.data.similarity import minhash
 from pipeline.data.stages.split import SOURCE_SPLIT_NAMES, source_split_names
+from pipeline.schema import DedupConfig
 
 REPORT = "clusters.jsonl"
 SNIPPET_CHARS = 200  # text kept per row in the report
@@ -299,7 +299,7 @@ def _split_counts(table) -> Counter:
 def dedup_lists(ds, cfg: DedupConfig, splits: Splits, report, num_proc: int) -> tuple:
     """The local engine's dedup: plan_dedup on the columns as lists, in this process; the report
     written to `report`. (kept rows, dropped, the plan's stats, (test rows removed, kept within test))."""
-    texts, ids = column(ds, "text"), column(ds, "id")
+    texts, ids = column(ds, TEXT), column(ds, "id")
     protected, is_test = splits.flags(column(ds, "source_split"))
     plan = plan_dedup(texts, ids, cfg, num_proc, protected)
     write_report(plan, texts, ids, report)

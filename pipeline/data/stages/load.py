@@ -16,19 +16,18 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import artifacts
-from pipeline.schema import SourceConfig
-from pipeline.data.io import formats, parts, readers
 from pipeline.data.engines.base import StageContext, StageResult
-from pipeline.data.engines.ops import unit_hash
+from pipeline.data.engines.ops import TEXT, unit_hash
+from pipeline.data.io import formats, parts, readers
+from pipeline.schema import SourceConfig
 
-COLUMNS = ("id", "text", "label", "source_split")
+COLUMNS = ("id", TEXT, "label", "source_split")
 SPLIT_ALIASES = {"valid": "validation", "val": "validation", "dev": "validation"}
 
 
@@ -146,7 +145,7 @@ def _finish(table: pa.Table, cfg: SourceConfig, where: str, limit: int | None) -
     if "id" in cols:
         _check_ids(cols["id"], cfg, where)
     else:
-        cols["id"] = pa.array(content_ids(cols["text"].to_pylist()), pa.string())
+        cols["id"] = pa.array(content_ids(cols[TEXT].to_pylist()), pa.string())
     table, unsampled = finish_table(cols, cfg)
     return table, empty, unsampled
 
@@ -157,7 +156,7 @@ def finish_rows(table: pa.Table, cfg: SourceConfig, where: str, limit: int | Non
     if limit is not None:
         table = table.slice(0, limit)
     cols = {name: _as_string(table, name, where) for name in COLUMNS if name != "id" or name in table.column_names}
-    keep = pc.not_equal(pc.utf8_trim_whitespace(cols["text"]), "")
+    keep = pc.not_equal(pc.utf8_trim_whitespace(cols[TEXT]), "")
     empty = len(keep) - pc.sum(keep).as_py() if len(keep) else 0
     cols = {name: pc.filter(col, keep) for name, col in cols.items()}
     cols["source_split"] = _normalise_splits(cols["source_split"])

@@ -14,11 +14,11 @@ import re
 
 import numpy as np
 
-from pipeline.schema import SplitConfig
-from pipeline.data.similarity import minhash
 from pipeline.data.engines.base import StageContext, StageResult
-from pipeline.data.engines.ops import SPLITS, add_up, concat, fetch, unit_hash
 from pipeline.data.engines.local import LocalEngine
+from pipeline.data.engines.ops import SPLITS, TEXT, add_up, concat, fetch, unit_hash
+from pipeline.data.similarity import minhash
+from pipeline.schema import SplitConfig
 
 SOURCE_SPLIT_NAMES = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
                       "val": "validation", "dev": "validation", "test": "test", "testing": "test"}
@@ -181,7 +181,7 @@ def whole_documents(table):
     and chunk 0. An engine that writes the split's rows anyway (Ray's route) adds it in that pass."""
     import pyarrow as pa
 
-    table = table.select(["id", "text", "label"])
+    table = table.select(["id", TEXT, "label"])
     return table.append_column("chunk", pa.array(np.zeros(table.num_rows, dtype=np.int64)))
 
 
@@ -189,7 +189,7 @@ def chunked_features(features):
     """The features of _chunk_rows's rows, from its input's."""
     from datasets import Features, Value
 
-    return Features({**{k: features[k] for k in ("id", "text", "label")}, "chunk": Value("int64")})
+    return Features({**{k: features[k] for k in ("id", TEXT, "label")}, "chunk": Value("int64")})
 
 
 def _chunk_rows(ds, cfg: SplitConfig, ctx: StageContext):
@@ -197,11 +197,11 @@ def _chunk_rows(ds, cfg: SplitConfig, ctx: StageContext):
         return ds
 
     def cut(batch):
-        out = {k: [] for k in ("id", "text", "label", "chunk")}
-        for doc_id, text, label in zip(batch["id"], batch["text"], batch["label"]):
+        out = {k: [] for k in ("id", TEXT, "label", "chunk")}
+        for doc_id, text, label in zip(batch["id"], batch[TEXT], batch["label"]):
             for k, piece in enumerate(chunk_text(text, cfg)):
                 out["id"].append(doc_id)
-                out["text"].append(piece)
+                out[TEXT].append(piece)
                 out["label"].append(label)
                 out["chunk"].append(k)
         return out

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.schema import TokenizeConfig
 from pipeline.data.engines.base import StageContext, StageResult
-from pipeline.data.engines.ops import SPLITS, add_up, column
+from pipeline.data.engines.ops import SPLITS, TEXT, add_up, column
 from pipeline.resolve import resolve_pretrained
+from pipeline.schema import TokenizeConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "merges.txt")
 WORDPIECE_SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]"}
@@ -189,7 +189,7 @@ def _head_tail_encoder(tok, cfg: TokenizeConfig):
 
     def enc(batch):
         cut = [head_tail_ids(e.ids, prefix, suffix, budget, head)
-               for e in whole.encode_batch(batch["text"], add_special_tokens=False)]
+               for e in whole.encode_batch(batch[TEXT], add_special_tokens=False)]
         return _columns([ids for ids, _ in cut], [t for _, t in cut])
 
     return enc, head
@@ -208,7 +208,7 @@ def _encoder(tok, cfg: TokenizeConfig):
         return _head_tail_encoder(tok, cfg)
 
     def enc(batch):
-        out = tok.encode_batch(batch["text"])
+        out = tok.encode_batch(batch[TEXT])
         return _columns([e.ids for e in out], [bool(e.overflowing) for e in out])
 
     return enc, None
@@ -263,7 +263,7 @@ def tokenize(dd, cfg: TokenizeConfig, ctx: StageContext) -> StageResult:
 
     # a trained tokenizer learns from the train texts, on the driver (the engine's answer must equal the local
     # one, so not from a sample); a pretrained one reads none of them
-    train_texts = column(dd["train"], "text") if cfg.kind != "pretrained" else []
+    train_texts = column(dd["train"], TEXT) if cfg.kind != "pretrained" else []
     tok = build_tokenizer(train_texts, cfg, cfg.pretrained, ctx.out_dir / "tokenizer")
 
     enc, head = _encoder(tok, cfg)

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.data.engines.ops import TEXT
 from pipeline.tasks.classification import aggregate, report, score
 
 
@@ -50,7 +51,7 @@ def write_report(tmp: Path, metrics: dict, logits: np.ndarray, dataset: Any, eva
     names, chars, step = metrics["label_names"], eval_cfg.snippet_chars, metrics["step"]
     docs = _documents(dataset, logits)
     examples = report.prediction_rows(dataset["id"][:], dataset["label"][:], aggregate.softmax(logits), names, {
-        "chunk": dataset["chunk"][:], "text": [report.snippet(t, chars) for t in dataset["text"][:]]})
+        "chunk": dataset["chunk"][:], "text": [report.snippet(t, chars) for t in dataset[TEXT][:]]})
     documents = report.prediction_rows(docs.ids, docs.labels, aggregate.softmax(docs.logits), names, {
         "chunks": docs.num_chunks.tolist()})
     report.write_jsonl(tmp / "predictions.jsonl", examples)

@@ -7,9 +7,9 @@ import re
 import sys
 from collections import Counter, defaultdict
 
-from pipeline.schema import LabelConfig
 from pipeline.data.engines.base import StageContext, StageResult
-from pipeline.data.engines.ops import SPLITS
+from pipeline.data.engines.ops import SPLITS, TEXT
+from pipeline.schema import LabelConfig
 
 MISSING = "<missing>"  # how an empty raw label that no rule matched is reported
 
@@ -43,7 +43,7 @@ def _names_found(table, mapping: dict, rules: list) -> tuple[Counter, dict]:
     """One batch's share of the label report: rows per resolved class name (first seen first), and
     the ids of the first EXAMPLES rows of each name."""
     found, first = Counter(), defaultdict(list)
-    for doc_id, raw, text in zip(*(table.column(c).to_pylist() for c in ("id", "label", "text"))):
+    for doc_id, raw, text in zip(*(table.column(c).to_pylist() for c in ("id", "label", TEXT))):
         name = resolve(raw, text, mapping, rules)
         found[name] += 1
         if len(first[name]) < EXAMPLES:
@@ -64,7 +64,7 @@ def _add_found(partials: list) -> tuple[Counter, dict]:
 def names_per_split(dd, engine, mapping: dict, rules: list) -> dict[str, tuple[Counter, dict]]:
     """Per split, _names_found over its rows, reduced by `engine` (on Ray: in tasks, per block)."""
     fn = functools.partial(_names_found, mapping=mapping, rules=rules)
-    return {s: engine.reduce(dd[s], fn, _add_found, ["id", "label", "text"], desc=f"labels {s}") for s in SPLITS}
+    return {s: engine.reduce(dd[s], fn, _add_found, ["id", "label", TEXT], desc=f"labels {s}") for s in SPLITS}
 
 
 def class_names(cfg: LabelConfig, found: Counter) -> list[str]:
@@ -114,7 +114,7 @@ def label(dd, cfg: LabelConfig, ctx: StageContext) -> StageResult:
               f"sees (found: {dict(sorted(found.items()))})", file=sys.stderr)
 
     def to_id(batch):
-        ids = [index.get(resolve(r, t, mapping, rules), -1) for r, t in zip(batch["label"], batch["text"])]
+        ids = [index.get(resolve(r, t, mapping, rules), -1) for r, t in zip(batch["label"], batch[TEXT])]
         return {"label": ids}
 
     out, added = {}, {"label": ClassLabel(names=names)}

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 import pytest
-from stagecheck import stable
 import yaml
+from stagecheck import stable
 
 from pipeline.config import DEFAULT_CONFIG, load_config
 from pipeline.data import runner

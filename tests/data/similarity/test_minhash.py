@@ -10,8 +10,7 @@ import pytest
 from datasketch import LeanMinHash, MinHash, MinHashLSH
 
 from pipeline.config import DedupConfig
-from pipeline.data.similarity import minhash
-from pipeline.data.similarity import shingling
+from pipeline.data.similarity import minhash, shingling
 
 HORRIBLE = [
     "  Hello \t World  ", "", "   ", "!!!", "a\u2003b\n\nc ", "Straße STRASSE ẞ", "x",

@@ -8,8 +8,8 @@ import datasets
 import pytest
 
 from pipeline.config import CleanConfig, load_config
-from pipeline.data.stages.clean import clean, clean_text
 from pipeline.data.engines.base import StageContext
+from pipeline.data.stages.clean import clean, clean_text
 
 DEFAULT = CleanConfig()  # urls and mentions replaced, retweet markers stripped, NFC
 

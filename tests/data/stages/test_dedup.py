@@ -10,8 +10,8 @@ import pytest
 from datasets import Dataset
 
 from pipeline.config import DedupConfig
-from pipeline.data.similarity import minhash
 from pipeline.data.engines.base import StageContext
+from pipeline.data.similarity import minhash
 from pipeline.data.stages.dedup import REPORT, dedup
 
 

@@ -17,9 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import SourceConfig
+from pipeline.data.engines.base import StageContext
 from pipeline.data.io import hub, readers
 from pipeline.data.stages import load
-from pipeline.data.engines.base import StageContext
 
 ROOT = Path(__file__).resolve().parents[3]
 

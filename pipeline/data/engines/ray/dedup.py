@@ -47,20 +47,20 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.similarity import minhash
-
+from pipeline.data.engines.ops import TEXT
 from pipeline.data.engines.ray import io as ray_io
 from pipeline.data.engines.ray import tasks
-from pipeline.data.stages.dedup import dropped_counts, first_of_texts, near_stats, plan_rows, report_lines
 from pipeline.data.engines.ray.shuffle import by_key, near_components, split_by, verified_pairs
+from pipeline.data.similarity import minhash
 from pipeline.data.similarity.shingling import normalize_text, shingle_hashes
+from pipeline.data.stages.dedup import dropped_counts, first_of_texts, near_stats, plan_rows, report_lines
 
 # ---------------------------------------------------------------- task bodies (run on Ray workers)
 
 
 def _hash_block(packed: tuple, start: int, end: int, parts: int) -> Any:
     """Per hash partition, an (M, 3) uint64 array of (blake2b-128 of the normalized text: 2 words, row)."""
-    norm = [normalize_text(t) for t in ray_io.open_packed(packed).select(range(start, end))["text"][:]]
+    norm = [normalize_text(t) for t in ray_io.open_packed(packed).select(range(start, end))[TEXT][:]]
     digest = b"".join(hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).digest() for t in norm)
     h = np.frombuffer(digest, dtype=np.uint64).reshape(-1, 2)
     triples = np.concatenate([h, np.arange(start, end, dtype=np.uint64)[:, None]], axis=1)
@@ -80,7 +80,7 @@ def _exact_groups(packed: tuple, starts: np.ndarray, parts: int, *triples: np.nd
     asc = np.argsort(rows)
     norm = np.empty(len(rows), dtype=object)
     if len(rows):
-        norm[asc] = [normalize_text(x) for x in ray_io.open_packed(packed).select(rows[asc])["text"][:]]
+        norm[asc] = [normalize_text(x) for x in ray_io.open_packed(packed).select(rows[asc])[TEXT][:]]
     seen: dict = {}  # rows ascending within a hash group: each text's group is labelled by its smallest row
     first = np.array([seen.setdefault(k, r) for k, r in zip(zip(gid.tolist(), norm.tolist()), rows.tolist())],
                      dtype=np.int64)
@@ -123,8 +123,8 @@ def _plan_clusters(packed: tuple, starts: np.ndarray, cfg: Any, splits: Any, pat
     counts, removed = np.zeros(5, dtype=np.int64), np.zeros(0, dtype=np.int64)
     with open(path, "w", encoding="utf-8") as f:
         if len(rows):
-            cols = ray_io.open_packed(packed).select(rows).select_columns(["id", "text", "source_split"])[:]
-            ids, texts = cols["id"], cols["text"]
+            cols = ray_io.open_packed(packed).select(rows).select_columns(["id", TEXT, "source_split"])[:]
+            ids, texts = cols["id"], cols[TEXT]
             norm = [normalize_text(t) for t in texts]
             length = np.fromiter(map(len, norm), dtype=np.int64, count=len(norm))
             protected, is_test = splits.flags(cols["source_split"])

@@ -37,12 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.io import formats, parts
-
+from pipeline.data.engines.ops import TEXT
 from pipeline.data.engines.ray import io as ray_io
-
-from pipeline.data.stages import load as load_stage
 from pipeline.data.engines.ray.tasks import _partition_of, as_list
+from pipeline.data.io import formats, parts
+from pipeline.data.stages import load as load_stage
 
 ROW_BITS = 40  # a row's key carries (part << 40 | row): 2^40 rows per part, 2^23 parts
 
@@ -148,7 +147,7 @@ def _rows_of(raw: str, cfg: Any, where: str, limit: int, by_id: bool) -> tuple[d
 
     cols, empty = load_stage.finish_rows(_read_arrow(raw), cfg, where, limit)
     if not by_id:
-        cols["id"] = pa.array(load_stage.content_hashes(cols["text"].to_pylist()), pa.string())
+        cols["id"] = pa.array(load_stage.content_hashes(cols[TEXT].to_pylist()), pa.string())
     return cols, empty
 
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.similarity import minhash
-
+from pipeline.data.engines.ops import TEXT
 from pipeline.data.engines.ray import io as ray_io
 from pipeline.data.engines.ray import tasks
+from pipeline.data.similarity import minhash
 from pipeline.data.similarity.shingling import normalize_text
 
 # ---------------------------------------------------------------- task bodies (run on Ray workers)
@@ -34,7 +34,7 @@ def _sketch_rows(segments: list, normalized: bool, start: int, cfg: Any, bands: 
     for packed, local in segments:
         local = np.asarray(local, dtype=np.int64)
         keep = ~np.isin(offset + np.arange(len(local)), skip)
-        texts += ray_io.open_packed(packed).select(local[keep])["text"][:] if keep.any() else []
+        texts += ray_io.open_packed(packed).select(local[keep])[TEXT][:] if keep.any() else []
         at.append(offset + np.flatnonzero(keep))
         offset += len(local)
     if normalized:

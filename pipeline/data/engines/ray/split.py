@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from pipeline.data.engines.ray import io as ray_io
-
 from pipeline.data.stages import split
 
 BUCKETS = 2**16  # per class; fewer for many classes, so that classes x buckets stays <= MAX_COUNTERS

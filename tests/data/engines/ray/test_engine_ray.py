@@ -189,8 +189,8 @@ def test_keep_test_whole_on_ray_equals_local(tmp_path, ray_cluster):
 
 
 def test_leakage_join_on_ray_equals_the_local_index(ray_cluster):
-    from pipeline.data.similarity import minhash
     from pipeline.data.engines.ray.engine import RayEngine
+    from pipeline.data.similarity import minhash
 
     texts, ids = _corpus()
     train, queries = texts[:600] + texts[640:660], texts[600:640] + texts[660:] + texts[:5]
@@ -235,8 +235,8 @@ def kill_first(task: str, stop: threading.Event, killed: list) -> None:
 
 @pytest.mark.parametrize("retries", [3, 0])
 def test_a_worker_killed_during_dedup_is_rerun_or_fails_the_stage_in_one_line(tmp_path, ray_cluster, retries):
-    from pipeline.data.engines.ray.engine import RayEngine
     from pipeline.data.engines.base import StageFailed
+    from pipeline.data.engines.ray.engine import RayEngine
 
     texts, ids = _long_corpus()
     engine = RayEngine.connect(RayConfig(blocks=2, max_retries=retries))
@@ -305,9 +305,8 @@ def test_the_sub_sketches_of_a_pair_partition_are_the_sketch_of_exactly_its_rows
     sketch those texts alone would have, so its Jaccard is the one from the whole corpus's sketch."""
     import numpy as np
 
-    from pipeline.data.similarity import minhash
-
     from pipeline.data.engines.ray import tasks as ray_tasks
+    from pipeline.data.similarity import minhash
 
     texts, _ = _corpus()
     sketch = functools.partial(minhash._sketch_chunk, unit=CFG.shingle, n=CFG.ngram, num_perm=CFG.num_perm,

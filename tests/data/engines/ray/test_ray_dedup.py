@@ -13,10 +13,10 @@ import pytest
 from stagecheck import stable
 
 from pipeline.config import DedupConfig, RayConfig, SplitConfig
-from pipeline.data.stages import split
 from pipeline.data.engines.base import StageContext
-from pipeline.data.stages.dedup import REPORT, dedup, first_of_texts
 from pipeline.data.similarity.minhash import normalize_text
+from pipeline.data.stages import split
+from pipeline.data.stages.dedup import REPORT, dedup, first_of_texts
 
 VOCAB = [f"w{k}" for k in range(4000)]
 VOLATILE = {"seconds", "signature_processes"}
@@ -247,8 +247,8 @@ def _hash(text: str) -> int:
 def test_a_hash_collision_never_merges_different_texts(tmp_path, ray_cluster):
     """Rows whose hashes are made equal on purpose (the exact-group task given them so): only those with
     the same normalized text form a group, labelled by its smallest row, as first_of_texts labels it."""
-    from pipeline.data.engines.ray import io as ray_io
     from pipeline.data.engines.ray import dedup as ray_dedup
+    from pipeline.data.engines.ray import io as ray_io
 
     texts = ["a b", "c d", "A  B", "e f", "C D", "a b ", "g h"]
     ds = _on_disk(tmp_path, "in", texts, list("uvwxyzq"), [""] * len(texts))

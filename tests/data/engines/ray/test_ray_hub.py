@@ -12,11 +12,11 @@ import pytest
 from test_ray_load import _engine, _load
 
 from pipeline.config import SourceConfig
+from pipeline.data.engines.local import LocalEngine
+from pipeline.data.engines.ray import load as ray_load
 from pipeline.data.io import formats, parts
 from pipeline.data.io import hub as hub_io
-from pipeline.data.engines.ray import load as ray_load
 from pipeline.data.stages import load
-from pipeline.data.engines.local import LocalEngine
 
 
 @pytest.fixture

@@ -14,11 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import RayConfig, SourceConfig
-from pipeline.data.io import formats, parts
-from pipeline.data.io import readers
-from pipeline.data.stages import load
 from pipeline.data.engines.base import StageContext
 from pipeline.data.engines.local import LocalEngine
+from pipeline.data.io import formats, parts, readers
+from pipeline.data.stages import load
 
 SPLITS = ["train", " Dev ", "test", "valid", ""]
 

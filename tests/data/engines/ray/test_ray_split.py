@@ -14,15 +14,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_ray_stages import _engine as ray_engine
+from test_ray_stages import _saved
 
 from pipeline.config import DedupConfig, LabelConfig, SplitConfig
-from pipeline.tasks.classification import label
+from pipeline.data.engines.base import StageContext
+from pipeline.data.engines.local import LocalEngine
+from pipeline.data.engines.ops import SPLITS, unit_hash
 from pipeline.data.engines.ray import split as ray_split
 from pipeline.data.stages import split
-from pipeline.data.engines.base import StageContext
-from pipeline.data.engines.ops import SPLITS, unit_hash
-from pipeline.data.engines.local import LocalEngine
-from test_ray_stages import _engine as ray_engine, _saved
+from pipeline.tasks.classification import label
 
 BLOCKS = [1, 2, 7]
 

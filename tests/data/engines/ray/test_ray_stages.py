@@ -12,14 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from pipeline.config import CleanConfig, LabelConfig, RayConfig, SplitConfig, TokenizeConfig
-from pipeline.data.stages import clean
-from pipeline.data.stages import tokenize
-from pipeline.tasks.classification import label
-from pipeline.data.stages import split
 from pipeline.data.engines.base import StageContext
-from pipeline.data.engines.ops import add_up, concat
 from pipeline.data.engines.local import LocalEngine
+from pipeline.data.engines.ops import add_up, concat
+from pipeline.data.stages import clean, split, tokenize
+from pipeline.tasks.classification import label
 
 BLOCKS = [1, 2, 7]
 TEXTS = ["a perfectly fine text {k}", "  \u200b ", "<br />", "ab", "word " * 30, "single",

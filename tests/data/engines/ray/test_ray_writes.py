@@ -14,9 +14,9 @@ import pytest
 from test_ray_io import _saved, _words  # a saved 500-row input and a map that adds a column
 
 from pipeline.config import CleanConfig, RayConfig
-from pipeline.data.engines.ray import io as ray_io
 from pipeline.data import runner
 from pipeline.data.engines.base import StageContext, StageResult
+from pipeline.data.engines.ray import io as ray_io
 
 
 def _engine(**kw):
@@ -150,8 +150,8 @@ def test_the_load_stage_folder_is_its_parts_shards_renamed(tmp_path, ray_cluster
     from test_ray_load import _records, _write
 
     from pipeline.config import SourceConfig
-    from pipeline.data.stages import load
     from pipeline.data.engines.local import LocalEngine
+    from pipeline.data.stages import load
 
     cfg = SourceConfig(**_write(tmp_path, "jsonl", _records(3000)))
 
@@ -226,8 +226,8 @@ def test_tokenize_on_ray_is_saved_by_renaming_its_shards(tmp_path, ray_cluster, 
     import datasets
 
     from pipeline.config import TokenizeConfig
-    from pipeline.data.stages import tokenize
     from pipeline.data.engines.local import LocalEngine
+    from pipeline.data.stages import tokenize
 
     ds = _saved(tmp_path)
     dd = datasets.DatasetDict({"train": ds.select(range(300)), "validation": ds.select(range(300, 420)),
