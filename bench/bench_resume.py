@@ -117,7 +117,7 @@ def skip_by_iteration(config: Path, batches: int) -> float:
     from pipeline.config import load_config
     from pipeline.data.prepared import load_prepared
     from pipeline.tasks.classification.collate import Collator
-from pipeline.training import batching
+    from pipeline.training import batching
 
     cfg = load_config(config)
     prep = load_prepared(cfg)
@@ -202,17 +202,16 @@ def checkpoint_worker(out: Path, repeats: int) -> None:
     """Run under torchrun (1 or N processes): save and load a MiniLM + AdamW checkpoint in this format
     and the previous one, and copy/read the same bytes; rank 0 writes the medians to out/times_<N>.json."""
     import torch
+    from transformers import AutoModelForSequenceClassification
 
     from pipeline.accel import make_accelerator
     from pipeline.config import load_config
-    from transformers import AutoModelForSequenceClassification
-
+    from pipeline.resolve import resolve_pretrained
     from pipeline.training import build, checkpoint, state_io
-    from pipeline.training.build import model_source
 
     before = previous_format()
     cfg = load_config(None)
-    model = AutoModelForSequenceClassification.from_pretrained(model_source(cfg.model), num_labels=3)
+    model = AutoModelForSequenceClassification.from_pretrained(resolve_pretrained(cfg.model.name_or_path), num_labels=3)
     opt, sched = build.build_optimizer(model, cfg.train, 100)
     acc = make_accelerator()
     model, opt = acc.prepare(model, opt)

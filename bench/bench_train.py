@@ -63,7 +63,7 @@ def build_data(out: Path, rows: int, max_length: int, long: bool, rows_given: li
     from pipeline import artifacts
     from pipeline.config import load_config
     from pipeline.data.runner import PREPARED, data_config_fingerprint
-    from pipeline.tasks.classification.model import model_source
+    from pipeline.resolve import resolve_pretrained
 
     data = rows_given if rows_given is not None else tweets(rows)
     if long:
@@ -75,7 +75,7 @@ def build_data(out: Path, rows: int, max_length: int, long: bool, rows_given: li
     out.mkdir(parents=True, exist_ok=True)
     config.write_text(yaml.safe_dump(tree))
     cfg = load_config(config)
-    tok = AutoTokenizer.from_pretrained(model_source(cfg.model))
+    tok = AutoTokenizer.from_pretrained(resolve_pretrained(cfg.model.name_or_path))
     enc = tok([t for t, _ in data], truncation=True, max_length=max_length)
     ds = datasets.Dataset.from_dict({
         "input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
@@ -127,19 +127,24 @@ def run_ours(config: Path, steps: int, warmup: int, batch: int, extra: list[str]
 
 
 def run_trainer(config: Path, steps: int, warmup: int, batch: int, grouped: bool) -> dict:
-    from transformers import (AutoModelForSequenceClassification, DataCollatorWithPadding, Trainer,
-                              TrainerCallback, TrainingArguments)
+    from transformers import (
+        AutoModelForSequenceClassification,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
     from pipeline.config import load_config
     from pipeline.data.prepared import load_prepared
-    from pipeline.tasks.classification.model import model_source
+    from pipeline.resolve import resolve_pretrained
 
     cfg = load_config(config)
     prep = load_prepared(cfg)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(prep.tokenizer_dir))
-    model = AutoModelForSequenceClassification.from_pretrained(model_source(cfg.model), num_labels=3)
+    model = AutoModelForSequenceClassification.from_pretrained(resolve_pretrained(cfg.model.name_or_path), num_labels=3)
     counts, stamps = [], []
     pad = DataCollatorWithPadding(tok)
 

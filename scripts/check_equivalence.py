@@ -1,6 +1,6 @@
 """Check that the working tree behaves exactly like a base commit (a refactor changed no behaviour).
 
-    python scripts/check_equivalence.py [--base 13532df] [--configs tiny default] [--skip-train] [--keep]
+    python scripts/check_equivalence.py [--base 13532df] [--configs tiny default] [--train tiny default] [--skip-train] [--keep]
 
 What it proves, for the working tree ("current") against the base commit ("base", checked out in a
 temporary `git worktree`), each run from its own tree root with PYTHONPATH set to that tree (the base
@@ -12,7 +12,7 @@ tree's own `pipeline` package is imported, not the editable install; checked fir
    `dataset_dict.json` under `<stage>/data/`, every file of `<stage>/tokenizer/`, and the stage's side
    files (clusters.jsonl, leakage.jsonl, ...). Not compared: datasets' `state.json` (it holds a random
    `_fingerprint`) and `manifest.json` (fingerprints, times).
-2. train + evaluate (tiny only; skipped with --skip-train): `run/final/model.safetensors` is the same
+2. train + evaluate (the configs in --train, tiny by default; skipped with --skip-train): `run/final/model.safetensors` is the same
    bytes (tensors compared too when it is not); metrics.jsonl's training curve (losses, learning rates,
    gradient norms, validation metrics) and the test split's `metrics.json` have the same values,
    timings, paths, versions and fingerprints left out.
@@ -44,7 +44,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {"tiny": "configs/tiny.yaml", "default": "configs/default.yaml"}
-TRAIN_CONFIG = "tiny"  # the one config trained, evaluated and resumed (seconds on a CPU)
+RESUME_CONFIG = "tiny"  # the config whose base checkpoint is resumed on the current code (seconds on a CPU)
 ACCELERATE_CONFIG = "accelerate_config.yaml"  # one CPU process (the README's launch command)
 COMMAND_TIMEOUT_S = 1800
 
@@ -426,6 +426,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--base", default="13532df", help="the commit to compare against (default 13532df)")
     p.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=["tiny", "default"],
                    help="configs to prepare in both trees (default: tiny default)")
+    p.add_argument("--train", nargs="+", choices=sorted(CONFIGS), default=["tiny"],
+                   help="configs also trained and evaluated in both trees (default: tiny; default takes ~6 min a tree)")
     p.add_argument("--skip-train", action="store_true", help="prepare only: no train, evaluate or resume check")
     p.add_argument("--keep", action="store_true", help="keep the temporary folders (worktree, outputs, logs)")
     return p.parse_args(argv)
@@ -449,14 +451,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{config}: prepare", flush=True)
             prepare_rows, outs = check_prepare(trees, config, work)
             rows += prepare_rows
-            if config == TRAIN_CONFIG and not args.skip_train:
+            if config in args.train and not args.skip_train:
                 if any(r.equal is None for r in prepare_rows):
                     rows.append(Row(config, "train + evaluate + resume", "-", None, "skipped: prepare failed"))
                     continue
                 print(f"{config}: train + evaluate", flush=True)
                 train_rows = check_train(trees, config, outs)
                 rows += train_rows
-                if (outs["base"] / "run" / "final" / "model.safetensors").is_file():
+                if config == RESUME_CONFIG and (outs["base"] / "run" / "final" / "model.safetensors").is_file():
                     print(f"{config}: resume a base checkpoint with the current code", flush=True)
                     rows += check_resume(trees, config, outs, work)
     except SetupFailed as e:

@@ -63,7 +63,7 @@ def check_resumable(state: TrainState, fps: dict, world: int, path: Path) -> Non
     processes may change (elastic resume) while train.batch_size x processes stays the same: then the
     global batch and the data order of every epoch (a function of the seed and that product) are too."""
     old = state.fingerprints
-    for key, what in (("model", "the [model] section"), ("data", "the prepared data")):
+    for key, what in (("model", "[model] settings"), ("data", "prepared data")):
         if old.get(key) != fps[key]:
             raise ValueError(f"{path} was trained with other {what} (fingerprint {old.get(key)} != {fps[key]}); "
                              f"resume with the config it was made with, or start a new output_dir")

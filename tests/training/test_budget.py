@@ -11,7 +11,7 @@ import pytest
 from trainkit import clone_prepared, records, run_dir, trajectory
 
 from pipeline.config import load_config
-from pipeline.training import budget, build, checkpoint, signals
+from pipeline.training import budget, checkpoint, signals
 from pipeline.training.loop import train
 
 

@@ -117,9 +117,9 @@ def test_mismatched_resume_is_an_error(tmp_path):
         check_resumable(state, fps, 3, tmp_path)
     with pytest.raises(ValueError, match="train.grad_accum: 2 -> 1"):  # same global batch, another data order
         check_resumable(state, {**fps, "train": {**fps["train"], "batch_size": 16, "grad_accum": 1}}, 2, tmp_path)
-    with pytest.raises(ValueError, match=r"other the \[model\] section"):
+    with pytest.raises(ValueError, match=r"trained with other \[model\] settings"):
         check_resumable(state, {**fps, "model": "m2"}, 2, tmp_path)
-    with pytest.raises(ValueError, match="other the prepared data"):
+    with pytest.raises(ValueError, match="trained with other prepared data"):
         check_resumable(state, {**fps, "data": "d2"}, 2, tmp_path)
     with pytest.raises(ValueError, match="train.seed: 1 -> 2"):
         check_resumable(state, {**fps, "train": {**fps["train"], "seed": 2}}, 2, tmp_path)
@@ -248,3 +248,47 @@ def test_fsdp2_sharded_checkpoints_through_accelerate_on_cpu(tmp_path):
     with pytest.raises(ValueError, match=r"pytorch_model_fsdp_0/.metadata cannot be read as data only"):
         checkpoint.load_weights(ckpt, None)
     assert not marker.exists()
+
+
+# ---------------------------------------------------------------- the data a checkpoint trained on, by content
+
+
+def _record_data(ckpt: Path, data_fp: str) -> None:
+    """Rewrite the data fingerprint a checkpoint recorded (and its manifest), as an older version wrote it."""
+    state = artifacts.read_json(ckpt / checkpoint.STATE)
+    state["fingerprints"]["data"] = data_fp
+    artifacts.write_json_atomic(ckpt / checkpoint.STATE, state)
+    (ckpt / artifacts.MANIFEST).unlink()
+    checkpoint.write_manifest(ckpt, "checkpoint")
+
+
+def test_a_checkpoint_that_recorded_an_older_versions_data_fingerprint_resumes_on_the_same_content(
+        prepared, fresh_accelerate, tmp_path):
+    """An older version recorded the tokenize stage's folder fingerprint, which hashes the code that made
+    it; an upgrade rebuilds the same bytes under a new name. The old folder is compared by content: the
+    same data resumes to the uninterrupted run's weights, other data is refused naming both."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    config = prepared(train={"epochs": 1, "save_every": 10, "keep_last": 3})
+    assert train(load_config(config), str(config)) == signals.EXIT_OK
+    run = run_dir(config)
+    whole = load_file(run / "final" / "model.safetensors")
+    stage = Path(artifacts.read_json(run.parent / "data" / "prepared.json")["stage_dir"])
+    legacy = stage.with_name("5-tokenize-00000000000000aa")
+    shutil.copytree(stage, legacy)  # the older version's folder of the same data
+    ckpt = run / "checkpoints" / "step-0000010"
+    for later in (run / "checkpoints" / "step-0000020", run / "final"):
+        shutil.rmtree(later)
+    _record_data(ckpt, "00000000000000aa")
+    assert train(load_config(config), str(config), resume=str(ckpt)) == signals.EXIT_OK
+    resumed = load_file(run / "final" / "model.safetensors")
+    assert resumed.keys() == whole.keys() and all(resumed[k].equal(whole[k]) for k in whole)
+
+    other = legacy.with_name("5-tokenize-00000000000000bb")
+    shutil.copytree(legacy, other)
+    (other / "tokenizer" / "tokenizer.json").write_text("{}")  # other content
+    _record_data(ckpt, "00000000000000bb")
+    with pytest.raises(ValueError, match=r"trained with other prepared data \(fingerprint 00000000000000bb != "):
+        train(load_config(config), str(config), resume=str(ckpt))

@@ -20,8 +20,8 @@ def test_signal_sets_the_flag_and_handlers_are_restored(capsys):
     assert not flag.requested
     os.kill(os.getpid(), signal.SIGTERM)
     assert flag.requested and flag.signal_name == "SIGTERM"
-    assert capsys.readouterr().err == (f"\nwarning: SIGTERM received: finishing this step, saving a checkpoint, then "
-                                       f"exiting (exit code 75)\n")  # through checkpoint.warn, off the bar's line
+    assert capsys.readouterr().err == ("\nwarning: SIGTERM received: finishing this step, saving a checkpoint, then "
+                                       "exiting (exit code 75)\n")  # through checkpoint.warn, off the bar's line
     flag.restore()
     assert signal.getsignal(signal.SIGTERM) is before
     assert signals.EXIT_INTERRUPTED == 75 and set(signals.EXIT_CODES) == {0, 2, 65, 75}

@@ -3,22 +3,10 @@ from the config, with the prepared data's classes as its labels."""
 
 from __future__ import annotations
 
-import importlib
 import os
 
+from pipeline.resolve import resolve_pretrained
 from pipeline.schema import ModelConfig
-
-
-def model_source(m: ModelConfig) -> str:
-    """A path or hub name; `package:MODULE` means MODULE.get_model_path() (a model shipped in a package)."""
-    if not m.name_or_path.startswith("package:"):
-        return m.name_or_path
-    module = m.name_or_path.split(":", 1)[1]
-    try:
-        return str(importlib.import_module(module).get_model_path())
-    except ImportError:
-        raise ValueError(f"model.name_or_path={m.name_or_path!r}: package {module!r} is not installed") from None
-
 
 ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attention_dropout", "attn_pdrop")  # BERT-likes, DistilBERT, GPT-2
 
@@ -46,7 +34,7 @@ def build_model(cfg, tok, info: dict):
     labels = {"num_labels": len(label_names), "id2label": dict(enumerate(label_names)),
               "label2id": {n: i for i, n in enumerate(label_names)}}
     if not m.from_scratch:
-        src = model_source(m)
+        src = resolve_pretrained(m.name_or_path)
         model, info = AutoModelForSequenceClassification.from_pretrained(src, output_loading_info=True, **labels,
                                                                          **attention_dropout(m, src))
         if info["missing_keys"] and os.environ.get("RANK", "0") == "0":  # one line, not transformers' report table
