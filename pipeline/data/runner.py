@@ -27,7 +27,7 @@ import pipeline
 from pipeline import artifacts, cli, tasks
 from pipeline.config import Config, pretrained_tokenizer_name
 from pipeline.data.content import content_fingerprint
-from pipeline.data.engines.base import Stage, StageContext, StageFailed, StageResult  # noqa: F401 - prepare's
+from pipeline.data.engines.base import Stage, StageContext, StageFailed  # noqa: F401 - StageFailed: prepare.py's
 from pipeline.data.engines.local import LocalEngine
 from pipeline.data.engines.ops import num_rows
 from pipeline.data.stages import clean, dedup, load, split, tokenize
@@ -121,7 +121,8 @@ def _config_dicts(values: tuple) -> list:
 
 def run(cfg: Config, force: bool = False, from_stage: str | None = None, progress: bool = True) -> list[dict]:
     """Run (or reuse) every stage; return one report row per stage."""
-    names = [stage.name for stage in stage_table(cfg)]
+    table = stage_table(cfg)
+    names = [stage.name for stage in table]
     if from_stage is not None and from_stage not in names:
         raise ValueError(f"--from {from_stage!r} is not a stage of task {cfg.task}; stages: {', '.join(names)}")
     first_forced = 0 if force else (names.index(from_stage) if from_stage else len(names))
@@ -135,8 +136,8 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
 
         local_tokenizer(pretrained_tokenizer_name(cfg))
     with open_engine(cfg) as engine:
-        data_dir, manifests, rows = _run_stages(cfg, engine, input_fp, first_forced, progress)
-    last = stage_table(cfg)[-1].name
+        data_dir, manifests, rows = _run_stages(cfg, table, engine, input_fp, first_forced, progress)
+    last = names[-1]
     artifacts.write_json_atomic(
         cfg.data_dir / PREPARED,
         {
@@ -152,11 +153,10 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
     return rows
 
 
-def _run_stages(cfg: Config, engine: Any, input_fp: str, first_forced: int, progress: bool):
-    """Each stage reused or run, in order; returns the last stage's folder, the manifests, the report."""
+def _run_stages(cfg: Config, table: list[Stage], engine: Any, input_fp: str, first_forced: int, progress: bool):
+    """Each stage of `table` reused or run, in order; returns the last stage's folder, the manifests, the report."""
     stages_root = cfg.data_dir / "stages"
     data, data_dir, rows, manifests = None, None, [], {}
-    table = stage_table(cfg)
     for k, stage in enumerate(table):
         fp = artifacts.fingerprint(stage.name, code_fingerprint(stage.fn), _config_dicts(stage.config), input_fp)
         out = stage_folder(stages_root, k, stage.name, fp)
@@ -236,8 +236,6 @@ def stage_manifests(stage_dir: Path) -> dict[str, dict]:
 
 def _check_output_outside_input(cfg: Config) -> None:
     """Stages written inside a source folder would change its fingerprint (and its classes) every run."""
-    from pipeline.data.stages import load
-
     if cfg.source.format == "hub" and not Path(cfg.source.path).exists():
         return
     src = load.resolve_path(cfg.source).resolve()

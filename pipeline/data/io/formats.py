@@ -16,15 +16,15 @@ def plan_parts(path: Path, cfg: SourceConfig, n: int) -> list[parts.Part]:
         return hub.hub_parts(cfg, n)
     if cfg.format == "folder":
         files = folders.folder_files(path, cfg) if n > 1 else None
-        return [parts.Part(files=tuple(c)) for c in parts._chunks(files, n)] if files else [parts.WHOLE]
+        return [parts.Part(files=tuple(c)) for c in parts.runs(files, n)] if files else [parts.WHOLE]
     if cfg.format == "parquet":
         groups = _row_groups(path) if n > 1 else []
-        return [parts.Part(groups=tuple(c)) for c in parts._chunks(groups, n)] if groups else [parts.WHOLE]
+        return [parts.Part(groups=tuple(c)) for c in parts.runs(groups, n)] if groups else [parts.WHOLE]
     size = path.stat().st_size
     n = max(n, -(-size // parts.MAX_PART_BYTES))
-    if n <= 1 or not parts._cuttable(parts.codec_of(cfg)):
+    if n <= 1 or not parts.cuttable(parts.codec_of(cfg)):
         return [parts.WHOLE]
-    cuts = parts._line_starts(path, [size * k // n for k in range(1, n)])
+    cuts = parts.line_starts(path, [size * k // n for k in range(1, n)])
     bounds = sorted({0, *cuts, size})
     return [parts.Part(span=(a, b)) for a, b in zip(bounds[:-1], bounds[1:])] if len(bounds) > 2 else [parts.WHOLE]
 

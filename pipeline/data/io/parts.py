@@ -81,13 +81,13 @@ class Facts:
     quoted: bool = False  # CSV: a quote character in the part, so it cannot be read apart from the file
 
 
-def _chunks(items: list, n: int) -> list[list]:
+def runs(items: list, n: int) -> list[list]:
     """`items` in at most `n` contiguous, near-equal, non-empty runs."""
     n = max(1, min(n, len(items)))
     return [items[len(items) * k // n: len(items) * (k + 1) // n] for k in range(n)]
 
 
-def _cuttable(encoding: str) -> bool:
+def cuttable(encoding: str) -> bool:
     """Is every b"\\n" byte a line break, and the byte after it a character's start? UTF-8, and the
     codecs of one byte per character (latin-1, cp1252, ...), yes; UTF-16/32 or stateful ones, no."""
     if encoding == "utf-8":
@@ -98,7 +98,7 @@ def _cuttable(encoding: str) -> bool:
         return False
 
 
-def _line_starts(path: Path, offsets: list[int]) -> list[int]:
+def line_starts(path: Path, offsets: list[int]) -> list[int]:
     """For each byte offset, the start of the first line that begins after it (reads one partial line)."""
     starts = []
     with open(path, "rb") as f:
@@ -139,7 +139,7 @@ def parity_applies(cfg: SourceConfig) -> bool:
     if cfg.format != "csv" or opts.quote_char != '"' or not opts.double_quote or opts.escape_char is not False:
         return False
     encoding = codec_of(cfg)
-    if not _cuttable(encoding):
+    if not cuttable(encoding):
         return False
     table = bytes(range(128)).decode() if encoding == "utf-8" else bytes(range(256)).decode(encoding, errors="replace")
     return all(ch.encode(encoding) == ch.encode("ascii") and table.count(ch) == 1
