@@ -42,7 +42,3 @@ class Task:
     write_report: Callable[..., None]
     summary: Callable[[dict], str]
 
-
-def better(task: Task, metric: str) -> bool:
-    """Is a higher value of `metric` better (train.metric_for_best's direction)?"""
-    return task.metrics[metric]
