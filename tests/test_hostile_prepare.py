@@ -556,3 +556,53 @@ def test_an_output_dir_inside_a_source_folder_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"output_dir .*src/out is inside source.path .*src: each run would change"):
         runner.run(cfg, progress=False)
     assert sorted(p.name for p in (tmp_path / "src").iterdir()) == ["pos"]
+
+
+# ---------------------------------------------------------------- issue 23: what lies outside the process
+
+
+@pytest.mark.parametrize("server", ["http", "silent"])
+def test_a_ray_address_that_answers_but_is_not_ray_is_one_line_within_the_timeout(tmp_path, server):
+    """An HTTP server (or one that accepts and says nothing) on the port: ray.init retried it for minutes."""
+    import http.server
+    import socket
+    import threading
+
+    if server == "http":
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+        port = srv.server_address[1]
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    else:
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(4)
+        port = srv.getsockname()[1]
+    try:
+        start = time.perf_counter()
+        out = _prepare("--engine", "ray", f"ray.address=127.0.0.1:{port}", "ray.connect_timeout_s=2",
+                       f"output_dir={tmp_path / 'out'}")
+        assert time.perf_counter() - start < 60
+        assert _one_error(out) == (f"error: ray.address=127.0.0.1:{port}: 127.0.0.1:{port} answers but is not a Ray "
+                                   f"cluster (no gRPC reply within 2 s, ray.connect_timeout_s); point ray.address at "
+                                   f"the head's GCS port (6379 by default) or its ray:// client port (10001)")
+        _nothing_written(tmp_path / "out")
+    finally:
+        srv.shutdown() if server == "http" else srv.close()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_fifo_or_device_file_inside_a_folder_source_is_one_line_not_a_hang(tmp_path, kind):
+    """source.path itself was checked; a FIFO (`mkfifo`) hung the reader, /dev/zero exhausted memory."""
+    root = tmp_path / "src"
+    for label in ("neg", "pos"):
+        (root / label).mkdir(parents=True)
+        for k in range(30):
+            (root / label / f"{k}.txt").write_text(f"a {label} review number {k} with some words")
+    odd = root / "pos" / "zz.txt"
+    os.mkfifo(odd) if kind == "fifo" else odd.symlink_to("/dev/zero")
+    for engine in ("local", "ray"):
+        out = _prepare("--engine", engine, "source.format=folder", f"source.path={root}", "source.package=",
+                       "source.encoding=utf-8", "source.label_field=", "source.sample=1", "label.names=[neg, pos]",
+                       f"output_dir={tmp_path / engine}")
+        assert _one_error(out) == f"error: source.path: {odd} is not a regular file (a FIFO, device or socket); move it out of the folder"
+        _nothing_written(tmp_path / engine)

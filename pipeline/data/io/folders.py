@@ -25,6 +25,10 @@ def folder_files(path: Path, cfg: SourceConfig) -> list[tuple[str, str, Path]]:
     for split_dir in split_dirs or [path]:
         for label_dir in _subfolders(split_dir):
             found = sorted(label_dir.glob("*.txt"))
+            odd = next((f for f in found if not f.is_file()), None)  # is_file follows links: /dev/zero is not one
+            if odd is not None:  # a FIFO blocks its reader forever, a device never ends
+                raise ValueError(f"source.path: {odd} is not a regular file (a FIFO, device or socket); move it out "
+                                 f"of the folder")
             if not found:  # a class that silently vanished would only show up as a worse model
                 print(f"warning: {label_dir} has no .txt files: class '{_name(label_dir.name)}' gets no documents "
                       f"from it", file=sys.stderr)

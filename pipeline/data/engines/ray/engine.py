@@ -17,6 +17,7 @@ import re
 import shutil
 import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -38,12 +39,32 @@ def _import_ray():
     return ray
 
 
-def _probe(host: str, port: int, timeout: float) -> bool:
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS frame
+
+
+def _probe(host: str, port: int, timeout: float) -> str:
+    """"none" (nothing answers), "grpc" (a gRPC server: Ray's GCS and its client server are) or "other".
+
+    A gRPC server answers the HTTP/2 connection preface with a SETTINGS frame (its 4th byte is the
+    frame type, 4); an HTTP/1 server, a database or anything else does not, and ray.init would retry
+    it for minutes. Every wait is bounded by `timeout`."""
     try:
-        socket.create_connection((host, port), timeout=timeout).close()
-        return True
+        conn = socket.create_connection((host, port), timeout=timeout)
     except OSError:
-        return False
+        return "none"
+    head, deadline = b"", time.monotonic() + timeout
+    with conn:
+        try:
+            conn.sendall(HTTP2_PREFACE)
+            while len(head) < 9 and time.monotonic() < deadline:
+                conn.settimeout(max(deadline - time.monotonic(), 0.01))
+                chunk = conn.recv(9 - len(head))
+                if not chunk:
+                    break
+                head += chunk
+        except OSError:  # a timeout or a reset: not a gRPC server
+            pass
+    return "grpc" if len(head) == 9 and head[3] == 4 else "other"
 
 
 def _bootstrap(address: str) -> str:
@@ -66,10 +87,15 @@ def check_address(address: str, timeout: float) -> None:
     host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"ray.address={address!r} is not auto, host:port or ray://host:port")
-    if not _probe(host, int(port), timeout):
+    answer = _probe(host, int(port), timeout)
+    if answer == "none":
         raise ValueError(f"ray.address={address}: nothing answers at {host}:{port} within {timeout:g} s "
                          f"(ray.connect_timeout_s); start the cluster or fix the address, or set ray.address= "
                          f"(empty) to start a local Ray")
+    if answer != "grpc":
+        raise ValueError(f"ray.address={address}: {host}:{port} answers but is not a Ray cluster (no gRPC reply "
+                         f"within {timeout:g} s, ray.connect_timeout_s); point ray.address at the head's GCS port "
+                         f"(6379 by default) or its ray:// client port (10001)")
 
 
 def start_local(cfg: RayConfig) -> None:

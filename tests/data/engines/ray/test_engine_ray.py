@@ -328,3 +328,12 @@ def test_the_sub_sketches_of_a_pair_partition_are_the_sketch_of_exactly_its_rows
     found, sim, counts = ray_tasks._verify(CFG, 0.0, pairs, *subs)
     assert np.array_equal(found, pairs) and np.array_equal(sim, expected) and counts[:2] == [40, 40]
     assert counts[2] == sum(ray_tasks.sketch_bytes(s) for s in subs) < ray_tasks.sketch_bytes(whole) / 5
+
+
+def test_a_running_ray_answers_the_address_probe_as_grpc(ray_cluster):
+    """The probe that turns a non-Ray service at ray.address into one line must pass a real GCS."""
+    from pipeline.data.engines.ray.engine import _probe
+
+    host, port = ray_cluster.get_runtime_context().gcs_address.rsplit(":", 1)
+    assert _probe(host, int(port), 5.0) == "grpc"
+    assert _probe("127.0.0.1", 9, 1.0) == "none"
