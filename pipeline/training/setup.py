@@ -94,10 +94,7 @@ def _resolve_resume(acc, run_dir: Path, resume: str | None, config_path: str) ->
     if resume is None:
         return None
     if resume != "auto":
-        reason = checkpoint.verify(Path(resume), deep=True)
-        if reason:
-            raise ValueError(f"--resume {resume}: {reason}")
-        return Path(resume)
+        return _checked_resume_path(Path(resume), run_dir)
     path, warnings = checkpoint.find_resume(root)
     if acc.is_main_process:
         for w in warnings:
@@ -106,6 +103,25 @@ def _resolve_resume(acc, run_dir: Path, resume: str | None, config_path: str) ->
         rundir.check_fresh_start(run_dir, config_path)
         if acc.is_main_process:
             print(f"--resume auto: no complete checkpoint in {root}; starting fresh", flush=True)
+    return path
+
+
+def _checked_resume_path(path: Path, run_dir: Path) -> Path:
+    """`--resume PATH`: a complete checkpoint, and one of this run unless this run has made nothing yet
+    (resuming another run's checkpoint here would replace this run's checkpoints, final/ and metrics)."""
+    root = run_dir / "checkpoints"
+    if not path.exists():
+        raise FileNotFoundError(f"--resume {path}: not found; give a checkpoint folder (under {root}) or --resume auto")
+    if checkpoint.is_final(path):
+        raise ValueError(f"--resume {path}: a final model export holds no optimizer or data position to resume; give a "
+                         f"checkpoint under {root}, or fine-tune from it with model.name_or_path={path}")
+    reason = checkpoint.verify(path, deep=True)
+    if reason:
+        raise ValueError(f"--resume {path}: {reason}")
+    if not path.resolve().is_relative_to(root.resolve()) and rundir.holds_run(run_dir):
+        raise FileExistsError(f"--resume {path}: that checkpoint is another run's ({path.resolve().parent.parent}); "
+                              f"resuming it here would replace this run's files in {run_dir}; set output_dir to a new "
+                              f"folder to continue it there, or move this run's files away first")
     return path
 
 

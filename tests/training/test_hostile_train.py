@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from trainkit import records, run_dir, run_train
+from trainkit import clone_prepared, records, run_dir, run_train
 
 from pipeline.config import load_config
 from pipeline.training import signals
@@ -145,3 +145,34 @@ def test_a_model_folder_whose_weights_pickle_is_refused_is_one_line_and_nothing_
         f"failed; nothing in it ran): use the model's safetensors weights or a trusted copy"), out.stderr[-3000:]
     assert not any("Traceback" in line for line in lines)
     assert not marker.exists()
+
+
+# ---------------------------------------------------------------- issue 23: --resume PATH
+
+
+def test_resume_from_another_runs_checkpoint_is_refused_naming_both_and_nothing_changes(prepared, fresh_accelerate,
+                                                                                        tmp_path):
+    """Resuming run B from run A's checkpoint replaced B's final/, its checkpoints and its metrics."""
+    a_config, a = _finished(prepared)
+    b_config = clone_prepared(a_config, tmp_path / "b")  # the same data, its own run folder
+    assert train(load_config(b_config), str(b_config)) == signals.EXIT_OK
+    b = run_dir(b_config)
+    before = {p: p.read_bytes() for p in b.rglob("*") if p.is_file()}
+    foreign = a / "checkpoints" / "step-0000010"
+    out = run_train(b_config, "--resume", str(foreign))
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"error: --resume {foreign}: that checkpoint is another run's ({a}); resuming it here would replace this run's "
+        f"files in {b}; set output_dir to a new folder to continue it there, or move this run's files away first"]
+    assert {p: p.read_bytes() for p in b.rglob("*") if p.is_file()} == before
+
+
+def test_resume_from_a_missing_path_or_a_final_export_says_which(prepared, fresh_accelerate):
+    config, run = _finished(prepared)
+    out = run_train(config, "--resume", str(run / "checkpoints" / "step-0009999"))
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"error: --resume {run / 'checkpoints' / 'step-0009999'}: not found; give a checkpoint folder (under "
+        f"{run / 'checkpoints'}) or --resume auto"]
+    out = run_train(config, "--resume", str(run / "final"))
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"error: --resume {run / 'final'}: a final model export holds no optimizer or data position to resume; give a "
+        f"checkpoint under {run / 'checkpoints'}, or fine-tune from it with model.name_or_path={run / 'final'}"]
