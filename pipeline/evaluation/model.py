@@ -57,6 +57,33 @@ def load_model(ckpt: Path, run_dir: str | Path, auto_class: Any) -> Any:
     return model
 
 
+def _tokenizer_file(ckpt: Path, run_dir: str | Path) -> Path | None:
+    """The tokenizer.json a model was trained with: final/'s own, else its run's model_config/."""
+    for folder in (ckpt, checkpoint.model_config_dir(ckpt), Path(run_dir) / "model_config"):
+        if (folder / "tokenizer.json").is_file():
+            return folder / "tokenizer.json"
+    return None
+
+
+def check_same_vocabulary(ckpt: Path, run_dir: str | Path, prepared_tokenizer: Path) -> None:
+    """Every token of the prepared data's tokenizer has the id the model was trained with (the model's
+    may add a pad token after them); a checkpoint whose tokenizer is not beside it is not checked here."""
+    from tokenizers import Tokenizer
+
+    theirs = _tokenizer_file(ckpt, run_dir)
+    if theirs is None or not (prepared_tokenizer / "tokenizer.json").is_file():
+        return
+    model_vocab = Tokenizer.from_file(str(theirs)).get_vocab()
+    data_vocab = Tokenizer.from_file(str(prepared_tokenizer / "tokenizer.json")).get_vocab()
+    differ = sorted(t for t, i in data_vocab.items() if model_vocab.get(t) != i)
+    if differ:
+        t = differ[0]
+        raise ValueError(f"checkpoint {ckpt} was trained with another vocabulary than the prepared data's "
+                         f"({prepared_tokenizer}): {len(differ)} of its {len(data_vocab)} tokens differ ({t!r} is id "
+                         f"{model_vocab.get(t)} there, {data_vocab[t]} here); evaluate with the config the model was "
+                         f"trained with")
+
+
 def checkpoint_step(ckpt: Path) -> int:
     """Optimizer step of a checkpoint (from its state.json), 0 when unknown; the TensorBoard x value."""
     state = ckpt / "state.json"

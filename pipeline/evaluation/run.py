@@ -15,8 +15,12 @@ from pipeline.inference import backends, predict
 
 
 def output_dir(cfg: Config, ckpt: Path) -> Path:
-    """<run_dir>/eval/<split>-<checkpoint>: 'final'/'best'/'last' as asked, else the checkpoint's folder name."""
-    name = cfg.eval.checkpoint if cfg.eval.checkpoint in ("final", "best", "last") else ckpt.name
+    """<run_dir>/eval/<split>-<checkpoint>: 'final'/'best'/'last' as asked, else the checkpoint's folder name;
+    a checkpoint from outside this run gets `other-<name>-<hash of its path>`, never this run's own folder."""
+    if not ckpt.resolve().is_relative_to(cfg.run_dir.resolve()):
+        name = f"other-{ckpt.name}-{artifacts.fingerprint(str(ckpt.resolve()))[:8]}"
+    else:
+        name = cfg.eval.checkpoint if cfg.eval.checkpoint in ("final", "best", "last") else ckpt.name
     return cfg.run_dir / "eval" / f"{cfg.eval.split}-{name}"
 
 
@@ -57,6 +61,17 @@ def describe_test_set(manifests: dict[str, dict], documents: int) -> str:
             f"{leaks} by the leakage check{note})")
 
 
+def _check_vocabulary(model: Any, ckpt: Path, cfg: Config, prepared: Any, dataset: Any) -> None:
+    """Before any work: the model was trained with the prepared data's tokenizer (a model of another
+    vocabulary scores garbage, or fails inside torch on an id past its embeddings) and embeds every id
+    and position of the split."""
+    from pipeline.training import build
+
+    model_io.check_same_vocabulary(ckpt, cfg.run_dir, prepared.tokenizer_dir)
+    tok = build.load_tokenizer(prepared.tokenizer_dir, cfg.model.from_scratch)
+    build.check_fit(model, tok, dataset, cfg.tokenize.max_length, f"checkpoint {ckpt}")
+
+
 def _onnx_cache(ckpt: Path, model: Any, precision: str, runtime: str) -> Path | None:
     """Where eval.runtime=onnxruntime keeps this checkpoint's export (None: torch, or no manifest to key it by)."""
     if runtime != "onnxruntime":
@@ -77,6 +92,7 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
     task = tasks.get(cfg.task)
     model = model_io.load_model(ckpt, cfg.run_dir, task.model_class())
     task.check_model(model, prepared.info, ckpt)
+    _check_vocabulary(model, ckpt, cfg, prepared, dataset)
     accelerator = make_accelerator()  # one gloo group when launched as several CPU processes
     start = time.perf_counter()
     precision, runtime = backends.precision_of(cfg.eval), cfg.eval.runtime

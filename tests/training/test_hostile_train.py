@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from trainkit import clone_prepared, records, run_dir, run_train
+from trainkit import build_prepared, clone_prepared, records, run_dir, run_train
 
 from pipeline.config import load_config
 from pipeline.training import signals
@@ -176,3 +176,41 @@ def test_resume_from_a_missing_path_or_a_final_export_says_which(prepared, fresh
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         f"error: --resume {run / 'final'}: a final model export holds no optimizer or data position to resume; give a "
         f"checkpoint under {run / 'checkpoints'}, or fine-tune from it with model.name_or_path={run / 'final'}"]
+
+
+# ---------------------------------------------------------------- issue 23: evaluating another run's checkpoint
+
+
+def _evaluate(config: Path, *extra: str):
+    import subprocess
+    import sys
+
+    from trainkit import REPO
+
+    cmd = [sys.executable, str(REPO / "pipeline" / "evaluate.py"), "--config", str(config), "--quiet", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def test_another_runs_checkpoint_is_scored_in_a_folder_of_its_own_and_another_vocabulary_is_refused(
+        prepared, fresh_accelerate, tmp_path):
+    a_config, a = _finished(prepared)
+    assert _evaluate(a_config, "--split", "test").returncode == 0
+    own = (a / "eval" / "test-final" / "metrics.json").read_bytes()
+    b_config = clone_prepared(a_config, tmp_path / "b")  # the same data and tokenizer, another run
+    assert train(load_config(b_config), str(b_config)) == signals.EXIT_OK
+    out = _evaluate(a_config, "--split", "test", "--checkpoint", str(run_dir(b_config) / "final"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    folders = sorted(p.name for p in (a / "eval").iterdir())
+    assert folders[0].startswith("test-final") and folders[1].startswith("test-other-final-") and len(folders) == 2
+    assert (a / "eval" / "test-final" / "metrics.json").read_bytes() == own  # this run's report untouched
+
+    c_root = tmp_path / "c"  # a run trained with another vocabulary (a BPE tokenizer, GPT-2)
+    c_root.mkdir()
+    c_config = build_prepared(c_root, kind="bpe", train={"epochs": 1, "save_every": 10})
+    assert train(load_config(c_config), str(c_config)) == signals.EXIT_OK
+    out = _evaluate(a_config, "--split", "test", "--checkpoint", str(run_dir(c_config) / "final"))
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
+    assert lines[0].startswith(f"error: checkpoint {run_dir(c_config) / 'final'} was trained with another vocabulary "
+                               f"than the prepared data's (")
+    assert sorted(p.name for p in (a / "eval").iterdir()) == folders
