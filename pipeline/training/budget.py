@@ -97,12 +97,14 @@ def fix_total_steps(s: Any, started: float) -> dict:
     return record
 
 
-def kept(s: Any, ckpt: Any) -> dict:
-    """A resume under a budget: the steps fixed at the first launch (state.json's total_steps) stand."""
+def kept(s: Any, ckpt: Any, first: dict | None = None) -> dict:
+    """A resume of a budgeted run: the steps fixed at the first launch (state.json's total_steps) stand,
+    whatever train.max_minutes the resuming command gives (`first`: the first launch's record)."""
+    minutes = (first or {}).get("max_minutes", s.cfg.train.max_minutes)
     if s.acc.is_main_process:
-        print(f"time budget train.max_minutes={s.cfg.train.max_minutes:g}: resuming with the {s.total_steps} steps "
-              f"fixed at the first launch ({ckpt.name}/state.json); nothing is measured again", flush=True)
-    return {"max_minutes": s.cfg.train.max_minutes, "total_steps": s.total_steps, "kept_from": str(ckpt)}
+        print(f"time budget train.max_minutes={minutes:g}: resuming with the {s.total_steps} steps fixed at the first "
+              f"launch ({ckpt.name}/state.json); nothing is measured again", flush=True)
+    return {"max_minutes": minutes, "total_steps": s.total_steps, "kept_from": str(ckpt)}
 
 
 def describe(r: dict, t: Any) -> str:

@@ -288,12 +288,17 @@ def resolve_checkpoint(run_dir: str | Path, name: str) -> Path:
     return path
 
 
+def run_of(checkpoint: Path) -> Path:
+    """The run folder a checkpoint (<run>/checkpoints/<name>) or final export (<run>/final) belongs to."""
+    return checkpoint.parent if is_final(checkpoint) else checkpoint.parent.parent
+
+
 def model_config_dir(checkpoint: Path) -> Path:
     """Where the config and tokenizer for a checkpoint's weights live: the folder itself for `final`,
     otherwise `<run>/model_config` (written at the start of training)."""
     if (checkpoint / "config.json").is_file():
         return checkpoint
-    return checkpoint.parent.parent / "model_config"
+    return run_of(checkpoint) / "model_config"
 
 
 def warn(message: str) -> None:

@@ -79,6 +79,16 @@ def record_launch(cfg: Config, run_dir: Path, info: dict) -> None:
     })
 
 
+def first_budget(run_dir: Path) -> dict | None:
+    """The time budget the run's first launch fixed (run_info.json), or None for a run without one."""
+    path = run_dir / "run_info.json"
+    try:
+        launches = artifacts.read_json(path).get("launches", []) if path.is_file() else []
+    except ValueError:
+        return None
+    return next((x["budget"] for x in launches if isinstance(x, dict) and isinstance(x.get("budget"), dict)), None)
+
+
 class MetricsLog:
     """metrics.jsonl on the main process; a resume first drops records after the resumed step (they
     belong to the stretch that is being redone), so the file reads like one uninterrupted run. A last

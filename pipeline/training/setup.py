@@ -119,7 +119,7 @@ def _checked_resume_path(path: Path, run_dir: Path) -> Path:
     if reason:
         raise ValueError(f"--resume {path}: {reason}")
     if not path.resolve().is_relative_to(root.resolve()) and rundir.holds_run(run_dir):
-        raise FileExistsError(f"--resume {path}: that checkpoint is another run's ({path.resolve().parent.parent}); "
+        raise FileExistsError(f"--resume {path}: that checkpoint is another run's ({checkpoint.run_of(path.resolve())}); "
                               f"resuming it here would replace this run's files in {run_dir}; set output_dir to a new "
                               f"folder to continue it there, or move this run's files away first")
     return path
@@ -159,10 +159,14 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None,
     fps = _fingerprints(cfg, prep.fingerprint, mp)
     ckpt = None if restart else _resolve_resume(acc, cfg.run_dir, resume, config_path)
     saved = _read_saved(ckpt, fps, acc.num_processes, prep)
-    total = saved.total_steps if saved and cfg.train.max_minutes else (cfg.train.max_steps or cfg.train.epochs * spe)
+    # a budget's step count (and so warmup and cosine) is fixed at the first launch and kept on every resume,
+    # with or without train.max_minutes on the resuming command line
+    fixed = rundir.first_budget(checkpoint.run_of(ckpt)) if saved else None
+    budgeted = saved is not None and bool(cfg.train.max_minutes or fixed)
+    total = saved.total_steps if budgeted else (cfg.train.max_steps or cfg.train.epochs * spe)
     s = _build(cfg, config_path, prep, tok, acc, mp, total, spe, saved)
-    if cfg.train.max_minutes:  # the budget's step count is fixed at the first launch, kept on resume
-        s.budget = budget.fix_total_steps(s, started) if saved is None else budget.kept(s, ckpt)
+    if cfg.train.max_minutes or budgeted:
+        s.budget = budget.fix_total_steps(s, started) if saved is None else budget.kept(s, ckpt, fixed)
     st = _start_state(s, ckpt, saved, fps)
     if saved and saved.step >= s.total_steps:
         return _nothing_to_do(s, ckpt, saved)

@@ -95,6 +95,16 @@ def test_a_budget_run_stores_its_step_count_and_a_resume_keeps_it(prepared, fres
     assert launches[1]["budget"]["total_steps"] == n and "measured_seconds" not in launches[1]["budget"]
     assert trajectory(run) == before  # same steps, same schedule, same losses
     assert json.loads((run / "final" / "state.json").read_text())["step"] == n
+    # resumed without train.max_minutes at all: the budget still stands (it ran 565 steps instead of 448)
+    shutil.rmtree(run / "final")
+    for p, s in checkpoint.complete_checkpoints(run / "checkpoints"):
+        if s["step"] > 20:
+            shutil.rmtree(p)
+    assert train(_cfg(config, max_minutes=0), str(config), resume=str(middle)) == signals.EXIT_OK
+    assert f"time budget train.max_minutes=10: resuming with the {n} steps fixed at the first launch" \
+        in capsys.readouterr().out
+    assert len(seen) == 1 and trajectory(run) == before
+    assert json.loads((run / "final" / "state.json").read_text())["step"] == n
 
 
 def test_a_budget_too_small_for_one_step_is_one_clear_error(prepared, fresh_accelerate):
