@@ -232,3 +232,38 @@ def git_commit(path: str | Path = ".") -> str:
 
 def manifest(**fields: Any) -> dict:
     return {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": library_versions(), **fields}
+
+
+def write_files_manifest(folder: Path, **fields: Any) -> None:
+    """Flush every file of `folder`, then write manifest.json (last: it marks the folder complete) with
+    each file's size and sha256 read back from disk, so whoever uses the folder can check it first."""
+    files = {}
+    for p in sorted(q for q in Path(folder).rglob("*") if q.is_file() and q.name != MANIFEST):
+        fsync_path(p)
+        files[str(p.relative_to(folder))] = {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+    write_json_atomic(Path(folder) / MANIFEST, manifest(**fields, files=files))
+
+
+def check_files(folder: Path, deep: bool = True) -> str | None:
+    """None when every file of `folder` is the one its manifest lists (sizes, and sha256 when `deep`) and no
+    other file is there; otherwise the reason, in words."""
+    folder = Path(folder)
+    if not (folder / MANIFEST).is_file():
+        return "incomplete (no manifest.json)"
+    try:
+        files = read_json(folder / MANIFEST)["files"]
+        extra = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                       if p.is_file() and p.name != MANIFEST and str(p.relative_to(folder)) not in files)
+        if extra:  # every file any loader could read is covered by the manifest
+            return f"{extra[0]} is not in the manifest"
+        for rel, info in files.items():
+            p = folder / rel
+            if not p.is_file():
+                return f"{rel} is missing"
+            if p.stat().st_size != info["bytes"]:
+                return f"{rel} has {p.stat().st_size} bytes, manifest says {info['bytes']}"
+            if deep and file_sha256(p) != info["sha256"]:
+                return f"{rel} does not match its sha256 in the manifest"
+    except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
+        return f"unreadable ({e})"
+    return None

@@ -99,16 +99,42 @@ def test_an_empty_validation_split_is_saved_loaded_and_cached(tmp_path):
     assert [r["cached"] for r in runner.run(cfg, progress=False, from_stage="split")] == [True] * 3 + [False] * 3
 
 
-def test_a_cached_stage_that_no_longer_loads_names_the_command_that_rebuilds_it(tmp_path):
+def test_a_cached_stage_that_no_longer_loads_or_changed_on_disk_runs_again(tmp_path, capfd):
+    """Nothing derived is trusted unchecked: a cached stage is reused only when it holds what its manifest
+    says (it was loaded only if a later stage ran, and then failed naming the command to rebuild it)."""
     cfg = load_config(TINY, _data_overrides(tmp_path, _corpus(tmp_path / "c.csv")))
-    runner.run(cfg, progress=False)
+    first = runner.run(cfg, progress=False)
     split_dir = next((cfg.data_dir / "stages").glob("3-split-*"))
     for shard in (split_dir / "data" / "test").glob("*.arrow"):
         shard.unlink()  # what an older version's zero-shard empty split looked like to load_from_disk
-    changed = load_config(TINY, _data_overrides(tmp_path, tmp_path / "c.csv", "label.unknown=drop"))
-    with pytest.raises(ValueError, match=rf"^stage {re.escape(str(split_dir))} cannot be read \(.*\); rebuild it with --from split$"):
-        runner.run(changed, progress=False)
-    assert [r["cached"] for r in runner.run(changed, progress=False, from_stage="split")][3:] == [False] * 3
+    capfd.readouterr()
+    rows = runner.run(cfg, progress=False)
+    assert [r["cached"] for r in rows] == [True, True, True, False, True, True]  # later stages: the same content
+    assert f"warning: stage {split_dir} cannot be read (" in capfd.readouterr().err
+    assert [r["rows_out"] for r in rows] == [r["rows_out"] for r in first]
+    tokenize_dir = next((cfg.data_dir / "stages").glob("5-tokenize-*"))
+    arrow = next((tokenize_dir / "data" / "train").glob("*.arrow"))
+    tokenizer = tokenize_dir / "tokenizer" / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text().replace('"[UNK]"', '"[UNK2]"', 1))  # an edited side file
+    rows = runner.run(cfg, progress=False)
+    assert [r["cached"] for r in rows] == [True] * 5 + [False]
+    assert "does not hold what its manifest says" in capfd.readouterr().err
+    assert runner.run(cfg, progress=False)[-1]["cached"]  # whole again
+    assert arrow.is_file()
+
+
+def test_prepared_data_changed_after_prepare_is_refused_by_training_naming_the_rebuild(tmp_path):
+    from pipeline.data.prepared import load_prepared
+
+    cfg = load_config(TINY, _data_overrides(tmp_path, _corpus(tmp_path / "c.csv")))
+    runner.run(cfg, progress=False)
+    tokenize_dir = next((cfg.data_dir / "stages").glob("5-tokenize-*"))
+    tokenizer = tokenize_dir / "tokenizer" / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text().replace('"[UNK]"', '"[UNK2]"', 1))
+    with pytest.raises(ValueError, match=rf"^prepared data {re.escape(str(tokenize_dir))} does not hold what its "
+                                         rf"manifest says \(changed on disk since it was written\); rebuild it with "
+                                         rf"`python pipeline/prepare.py .* --from tokenize`$"):
+        load_prepared(cfg, str(TINY))
 
 
 def test_an_empty_train_split_is_refused_by_split(tmp_path):

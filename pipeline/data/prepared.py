@@ -33,7 +33,7 @@ class Prepared:
 
 def load_prepared(cfg: Config, config_path: str = "<config>") -> Prepared:
     """Load the prepared data for `cfg`, or explain which prepare command makes it."""
-    from pipeline.data.runner import PREPARED, data_config_fingerprint, load_stage, stage_content
+    from pipeline.data.runner import PREPARED, content_problem, data_config_fingerprint, load_stage, stage_content
 
     pointer = cfg.data_dir / PREPARED
     cmd = prepare_command(cfg, config_path)
@@ -51,11 +51,15 @@ def load_prepared(cfg: Config, config_path: str = "<config>") -> Prepared:
     stage_dir = Path(info["stage_dir"])
     if not artifacts.is_complete(stage_dir):
         raise FileNotFoundError(f"prepared data {stage_dir} is missing or incomplete: run `{cmd}`")
+    man = artifacts.read_json(stage_dir / artifacts.MANIFEST)
+    problem = content_problem(stage_dir, man)
+    if problem:  # nothing derived is trained on or scored unchecked
+        raise ValueError(f"prepared data {stage_dir} {problem}; rebuild it with `{cmd} --from {man.get('stage', '')}`")
     return Prepared(
         splits=load_stage(stage_dir, "tokenize", cmd),
         tokenizer_dir=stage_dir / "tokenizer",
         info=dict(info.get("data_info", {})),
-        fingerprint=info.get("content_fingerprint") or stage_content(stage_dir, artifacts.read_json(stage_dir / artifacts.MANIFEST)),
+        fingerprint=info.get("content_fingerprint") or stage_content(stage_dir, man),
         stage_dir=stage_dir,
     )
 

@@ -250,14 +250,31 @@ def stage_content(stage_dir: Path, man: dict) -> str:
 
 
 def _cached_manifest(out: Path) -> dict | None:
-    """The manifest of a complete stage; one damaged on disk makes the stage run again."""
+    """The manifest of a complete stage whose content is what the manifest says; a stage damaged or changed
+    on disk since it was written (manifest, data or side files) runs again, with a warning."""
     if not artifacts.is_complete(out):
         return None
     try:
-        return artifacts.read_json(out / artifacts.MANIFEST)
+        man = artifacts.read_json(out / artifacts.MANIFEST)
     except ValueError as e:
         print(f"warning: {e}; running the stage again", file=sys.stderr)
         return None
+    problem = content_problem(out, man)
+    if problem:
+        print(f"warning: stage {out} {problem}; running the stage again", file=sys.stderr)
+        return None
+    return man
+
+
+def content_problem(stage_dir: Path, man: dict) -> str | None:
+    """None when a stage folder holds what its manifest's content_fingerprint says; else what is wrong."""
+    try:
+        found = content_fingerprint(stage_dir)
+    except Exception as e:  # noqa: BLE001 - datasets and pyarrow raise many types for a folder they cannot read
+        return f"cannot be read ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+    if man.get("content_fingerprint") not in (None, found):
+        return "does not hold what its manifest says (changed on disk since it was written)"
+    return None
 
 
 def _load(stage_dir: Path) -> Any:

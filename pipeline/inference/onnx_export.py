@@ -34,6 +34,7 @@ import inspect
 import logging
 import os
 import shutil
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -166,19 +167,24 @@ def export(model: Any, precision: str, folder: Path) -> dict:
 
 
 def cached(model: Any, precision: str, folder: Path) -> tuple[Path, bool]:
-    """(model file, reused?): the complete export in `folder`, written atomically first when there is none."""
-    if not artifacts.is_complete(folder):
-        if folder.parent.is_dir():  # a half-written export that a killed process left is never read, only removed
-            artifacts.remove_stale_temporaries(folder.parent)
-        try:
-            with artifacts.atomic_dir(folder) as tmp:
-                info = export(model, precision, tmp)
-                artifacts.write_json_atomic(tmp / artifacts.MANIFEST, artifacts.manifest(kind="onnx", **info))
-        except FileExistsError:  # another process of this evaluation finished the same export first
-            pass
-        else:
-            return folder / MODEL_FILE, False
-    return folder / MODEL_FILE, True
+    """(model file, reused?): the complete export in `folder`, checked against its manifest (every file's size
+    and sha256) before use; written atomically first when there is none, or again when it does not match
+    (an edited or truncated model.onnx is exported anew, never scored)."""
+    reason = artifacts.check_files(folder) if artifacts.is_complete(folder) else None
+    if artifacts.is_complete(folder) and reason is None:
+        return folder / MODEL_FILE, True
+    if reason is not None:
+        print(f"warning: the cached ONNX export {folder} does not match its manifest ({reason}); exporting it again",
+              file=sys.stderr, flush=True)
+    if folder.parent.is_dir():  # a half-written export that a killed process left is never read, only removed
+        artifacts.remove_stale_temporaries(folder.parent)
+    try:
+        with artifacts.atomic_dir(folder, replace=reason is not None) as tmp:
+            info = export(model, precision, tmp)
+            artifacts.write_files_manifest(tmp, kind="onnx", **info)
+    except FileExistsError:  # another process of this evaluation finished the same export first
+        return folder / MODEL_FILE, True
+    return folder / MODEL_FILE, False
 
 
 @contextlib.contextmanager

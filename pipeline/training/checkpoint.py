@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 
 from pipeline import artifacts
-from pipeline.artifacts import MANIFEST, file_sha256, read_json, write_json_atomic
+from pipeline.artifacts import MANIFEST, read_json, write_json_atomic
 from pipeline.training import state_io
 
 STATE = "state.json"
@@ -70,12 +70,8 @@ def save_checkpoint(acc, root: Path, name: str, model, optimizer, scheduler, sta
 
 
 def write_manifest(folder: Path, kind: str) -> None:
-    """Flush every file of `folder`, then write manifest.json: each file's size and sha256 read back from disk."""
-    files = {}
-    for p in sorted(q for q in folder.rglob("*") if q.is_file() and q.name != MANIFEST):
-        artifacts.fsync_path(p)
-        files[str(p.relative_to(folder))] = {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
-    write_json_atomic(folder / MANIFEST, artifacts.manifest(kind=kind, files=files))
+    """manifest.json, written last: each file's size and sha256 read back from disk (artifacts)."""
+    artifacts.write_files_manifest(folder, kind=kind)
 
 
 def finalize(tmp: Path, final: Path) -> None:
@@ -161,25 +157,13 @@ def load_weights(path: Path, model) -> None:
 
 def verify(path: Path, deep: bool = True) -> str | None:
     """None when `path` is a complete, intact checkpoint (or final/ export); otherwise the reason it is not."""
-    if not (path / MANIFEST).is_file():
-        return "incomplete (no manifest.json)"
+    reason = artifacts.check_files(path, deep)
+    if reason is not None:
+        return reason
     try:
-        files = read_json(path / MANIFEST)["files"]
-        extra = sorted(str(p.relative_to(path)) for p in path.rglob("*")
-                       if p.is_file() and p.name != MANIFEST and str(p.relative_to(path)) not in files)
-        if extra:  # every file any loader could read is covered by the manifest
-            return f"{extra[0]} is not in the manifest"
-        for rel, info in files.items():
-            p = path / rel
-            if not p.is_file():
-                return f"{rel} is missing"
-            if p.stat().st_size != info["bytes"]:
-                return f"{rel} has {p.stat().st_size} bytes, manifest says {info['bytes']}"
-            if deep and file_sha256(p) != info["sha256"]:
-                return f"{rel} does not match its sha256 in the manifest"
         if (path / STATE).is_file() or not is_final(path):
             read_json(path / STATE)
-    except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError) as e:
         return f"unreadable ({e})"
     return None
 

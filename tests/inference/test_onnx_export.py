@@ -124,6 +124,35 @@ def test_the_cache_is_reused_and_changed_weights_export_again(world, counted):
     assert np.abs(flipped - first).max() > 1e-3  # the new weights' logits, not the cached ones
 
 
+@pytest.mark.parametrize("damage", ["flip a byte", "truncate", "extra file", "manifest without files"])
+def test_a_cached_export_that_does_not_match_its_manifest_is_exported_again_never_scored(world, counted, capsys,
+                                                                                         damage):
+    """An edited bias or a flipped byte in a cached model.onnx was reused (other scores, exit 0); a truncated
+    one was an onnxruntime traceback on every later run, the broken cache never rebuilt."""
+    ckpt = world.run_dir / "checkpoints" / "step-4"
+    model, ds = AutoModelForSequenceClassification.from_pretrained(world.run_dir / "final").eval(), _test_split(world)
+    checkpoint.load_weights(ckpt, model)
+    folder = onnx_export.cache_dir(ckpt, model, "fp32")
+    first = predict.predict_logits(model, ds, 4, ACC, "fp32", progress=False, runtime="onnxruntime", onnx_dir=folder)
+    onnx_file = folder / onnx_export.MODEL_FILE
+    data = bytearray(onnx_file.read_bytes())
+    if damage == "flip a byte":
+        data[len(data) // 2] ^= 0xFF
+        onnx_file.write_bytes(bytes(data))
+    elif damage == "truncate":
+        onnx_file.write_bytes(bytes(data[: len(data) // 3]))
+    elif damage == "extra file":
+        (folder / "model.onnx.data").write_bytes(b"external weights nobody vouched for")
+    else:
+        (folder / "manifest.json").write_text('{"kind": "onnx"}')
+    capsys.readouterr()
+    again = predict.predict_logits(model, ds, 4, ACC, "fp32", progress=False, runtime="onnxruntime", onnx_dir=folder)
+    assert counted == ["fp32", "fp32"]  # exported again
+    assert f"warning: the cached ONNX export {folder} does not match its manifest (" in capsys.readouterr().err
+    np.testing.assert_array_equal(first, again)
+    assert artifacts.check_files(folder) is None  # the cache is whole again
+
+
 def test_a_crash_mid_export_leaves_no_half_written_cache(world, tmp_path, monkeypatch):
     model, ds = _final(world), _test_split(world)
     folder = tmp_path / ".onnx" / "int8-key"
