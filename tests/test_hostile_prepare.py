@@ -554,7 +554,7 @@ def test_damaged_files_of_a_finished_prepare_are_named_with_the_command_that_fix
     tokenize_dir = next((cfg.data_dir / "stages").glob("5-tokenize-*"))
     for shard in (tokenize_dir / "data" / "train").glob("*.arrow"):
         shard.write_bytes(b"\0" * 64)
-    with pytest.raises(ValueError, match=rf"^stage {re.escape(str(tokenize_dir))} cannot be read .*; rebuild it with "
+    with pytest.raises(ValueError, match=rf"^prepared data {re.escape(str(tokenize_dir))} cannot be read .*; rebuild it with "
                                          r"`python pipeline/prepare.py --config .* --from tokenize`$"):
         load_prepared(cfg, str(TINY))
     (cfg.data_dir / runner.PREPARED).write_text("{")
