@@ -267,3 +267,29 @@ def check_files(folder: Path, deep: bool = True) -> str | None:
     except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
         return f"unreadable ({e})"
     return None
+
+
+def no_space_error(path: str | Path, needed: int, what: str, cause: BaseException) -> OSError | None:
+    """The one-line error for `what` failing to write under `path` because its disk is full (the cause says
+    ENOSPC, or less than `needed` bytes are free), or None when it is not that: libraries report a full disk
+    as anything from ENOSPC to torch's "unexpected pos"."""
+    import errno
+
+    enospc = isinstance(cause, OSError) and cause.errno == errno.ENOSPC
+    try:
+        free: int | None = shutil.disk_usage(path).free
+    except OSError:
+        free = None
+    if not enospc and (free is None or free >= needed):
+        return None
+    have = f"{size_text(free)} free" if free is not None else "free space unknown"
+    return OSError(errno.ENOSPC, f"no space left on the disk of {path}: {what} needs about {size_text(needed)}, "
+                                 f"{have}; free some space and run the same command again")
+
+
+def size_text(n: int) -> str:
+    """Bytes for people: 512 B, 3.4 KiB, 87.1 MiB, 2.0 GiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"

@@ -632,3 +632,21 @@ def test_a_fifo_or_device_file_inside_a_folder_source_is_one_line_not_a_hang(tmp
                        f"output_dir={tmp_path / engine}")
         assert _one_error(out) == f"error: source.path: {odd} is not a regular file (a FIFO, device or socket); move it out of the folder"
         _nothing_written(tmp_path / engine)
+
+
+def test_a_fully_cached_prepare_writes_nothing_so_a_read_only_output_dir_serves_it(tmp_path, monkeypatch):
+    """It failed on a read-only output_dir although every stage was cached: it rewrote prepared.json unchanged.
+    (Root ignores permission bits, so the test makes every write fail as a read-only filesystem would.)"""
+    import errno
+
+    cfg = load_config(TINY, _data_overrides(tmp_path, _corpus(tmp_path / "c.csv")))
+    first = runner.run(cfg, progress=False)
+    before = {p: p.read_bytes() for p in cfg.data_dir.rglob("*") if p.is_file()}
+
+    def read_only(path, obj):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(artifacts, "write_json_atomic", read_only)
+    rows = runner.run(cfg, progress=False)
+    assert all(r["cached"] for r in rows) and [r["rows_out"] for r in rows] == [r["rows_out"] for r in first]
+    assert {p: p.read_bytes() for p in cfg.data_dir.rglob("*") if p.is_file()} == before

@@ -138,19 +138,26 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
     with open_engine(cfg) as engine:
         data_dir, manifests, rows = _run_stages(cfg, table, engine, input_fp, first_forced, progress)
     last = names[-1]
-    artifacts.write_json_atomic(
-        cfg.data_dir / PREPARED,
-        {
-            "stage_dir": str(data_dir.resolve()),
-            "fingerprint": manifests[last]["fingerprint"],
-            "content_fingerprint": stage_content(data_dir, manifests[last]),
-            "config_fingerprint": data_config_fingerprint(cfg),
-            "task": cfg.task,
-            "data_info": tasks.get(cfg.task).data_info(manifests),
-        },
-    )
+    prepared = {
+        "stage_dir": str(data_dir.resolve()),
+        "fingerprint": manifests[last]["fingerprint"],
+        "content_fingerprint": stage_content(data_dir, manifests[last]),
+        "config_fingerprint": data_config_fingerprint(cfg),
+        "task": cfg.task,
+        "data_info": tasks.get(cfg.task).data_info(manifests),
+    }
+    if all(r["cached"] for r in rows) and _json_or_none(cfg.data_dir / PREPARED) == prepared:
+        return rows  # nothing changed, nothing written: a read-only output_dir serves a cached prepare
+    artifacts.write_json_atomic(cfg.data_dir / PREPARED, prepared)
     artifacts.write_json_atomic(cfg.data_dir / "report.json", rows)
     return rows
+
+
+def _json_or_none(path: Path) -> Any:
+    try:
+        return artifacts.read_json(path) if path.is_file() else None
+    except ValueError:
+        return None
 
 
 def _run_stages(cfg: Config, table: list[Stage], engine: Any, input_fp: str, first_forced: int, progress: bool):

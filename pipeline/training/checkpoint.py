@@ -54,11 +54,18 @@ def save_checkpoint(acc, root: Path, name: str, model, optimizer, scheduler, sta
         shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
         tmp.mkdir(parents=True)
     acc.wait_for_everyone()
-    acc.save_state(str(tmp))  # collectives under FSDP/DeepSpeed: every rank writes its shards
-    write_json_atomic(tmp / rng_file(acc.process_index), state_io.rng_state())
-    if acc.is_main_process:
-        write_json_atomic(tmp / SCHEDULER, state_io.plain_state(scheduler.state_dict(), "scheduler"))
-        write_json_atomic(tmp / STATE, {**state, "format": FORMAT})
+    try:
+        acc.save_state(str(tmp))  # collectives under FSDP/DeepSpeed: every rank writes its shards
+        write_json_atomic(tmp / rng_file(acc.process_index), state_io.rng_state())
+        if acc.is_main_process:
+            write_json_atomic(tmp / SCHEDULER, state_io.plain_state(scheduler.state_dict(), "scheduler"))
+            write_json_atomic(tmp / STATE, {**state, "format": FORMAT})
+    except (OSError, RuntimeError) as e:  # a full disk: torch says "unexpected pos" or "file write failed"
+        full = artifacts.no_space_error(root, checkpoint_bytes(root, model), f"checkpoint {name}", e)
+        if full is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # incomplete, never read: frees what it took; nothing else is touched
+        raise full from None
     acc.wait_for_everyone()
     if not acc.is_main_process:  # flushed by the writer too: on some shared filesystems only it can
         artifacts.fsync_tree(tmp)
@@ -67,6 +74,16 @@ def save_checkpoint(acc, root: Path, name: str, model, optimizer, scheduler, sta
         finalize(tmp, final)  # fsyncs every file, then the manifest of every rank's files
     acc.wait_for_everyone()
     return final
+
+
+def checkpoint_bytes(root: Path, model) -> int:
+    """About how many bytes a checkpoint takes: the newest complete one's, else the weights and AdamW's two
+    moments (3 x the parameters' bytes)."""
+    done = complete_checkpoints(root) if root.is_dir() else []
+    if done:
+        files = read_json(done[-1][0] / MANIFEST).get("files", {})
+        return sum(int(f.get("bytes", 0)) for f in files.values())
+    return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def write_manifest(folder: Path, kind: str) -> None:

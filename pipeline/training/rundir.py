@@ -140,9 +140,16 @@ def export_final(model, tok, out: Path, state: dict | None = None, weights: dict
 
     `state` (step, epoch, data fingerprints) goes to state.json, so evaluation can say what it scored.
     `weights`: the full state dict (accelerator.get_state_dict) where the model's own is sharded (FSDP, ZeRO-3)."""
-    with artifacts.atomic_dir(out, replace=True) as tmp:
-        model.save_pretrained(str(tmp), safe_serialization=True, state_dict=weights)
-        tok.save_pretrained(str(tmp))
-        if state is not None:
-            artifacts.write_json_atomic(tmp / "state.json", state)
-        checkpoint.write_manifest(tmp, kind="final")  # evaluation verifies what it loads against it
+    try:
+        with artifacts.atomic_dir(out, replace=True) as tmp:  # a failed export leaves the earlier final/ as it was
+            model.save_pretrained(str(tmp), safe_serialization=True, state_dict=weights)
+            tok.save_pretrained(str(tmp))
+            if state is not None:
+                artifacts.write_json_atomic(tmp / "state.json", state)
+            checkpoint.write_manifest(tmp, kind="final")  # evaluation verifies what it loads against it
+    except (OSError, RuntimeError) as e:  # a full disk, however the library words it
+        needed = sum(p.numel() * p.element_size() for p in model.parameters())
+        full = artifacts.no_space_error(out.parent, needed, f"the final export {out.name}/", e)
+        if full is None:
+            raise
+        raise full from None

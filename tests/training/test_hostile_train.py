@@ -214,3 +214,28 @@ def test_another_runs_checkpoint_is_scored_in_a_folder_of_its_own_and_another_vo
     assert lines[0].startswith(f"error: checkpoint {run_dir(c_config) / 'final'} was trained with another vocabulary "
                                f"than the prepared data's (")
     assert sorted(p.name for p in (a / "eval").iterdir()) == folders
+
+
+# ---------------------------------------------------------------- issue 23: a full disk while saving a checkpoint
+
+
+def test_a_full_disk_during_a_checkpoint_save_is_one_line_with_the_space_needed_and_nothing_is_lost(prepared):
+    """Was a 46-line traceback ending in torch's `unexpected pos`; the run resumed fine after freeing space."""
+    import json
+
+    from trainkit import launch, log_text
+
+    config = prepared(train={"epochs": 1, "save_every": 5, "keep_last": 2})
+    proc = launch(config, crash=("disk_full", 2))  # the second checkpoint, at step 10
+    assert proc.wait(timeout=180) == 2, log_text(config)[-3000:]
+    text = log_text(config).replace("\r", "\n")  # stdout and stderr share the log: a progress bar ends no line
+    errors = [line[line.index("error:"):] for line in text.splitlines() if "error:" in line or "Traceback" in line]
+    run = run_dir(config)
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: no space left on the disk of {run / 'checkpoints'}: checkpoint step-0000010 needs about ") and \
+        errors[0].endswith(" KiB, 4.0 KiB free; free some space and run the same command again"), errors
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["step-0000005"]  # the first checkpoint intact, the failed save's temporary gone
+    assert train(load_config(config), str(config), resume="auto") == signals.EXIT_OK  # space freed: it resumes
+    assert json.loads((run / "final" / "state.json").read_text())["step"] == 20
+    assert [r["step"] for r in records(run)] == list(range(1, 21))  # one history, no gap, no repeat
