@@ -650,3 +650,27 @@ def test_a_fully_cached_prepare_writes_nothing_so_a_read_only_output_dir_serves_
     rows = runner.run(cfg, progress=False)
     assert all(r["cached"] for r in rows) and [r["rows_out"] for r in rows] == [r["rows_out"] for r in first]
     assert {p: p.read_bytes() for p in cfg.data_dir.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["tokenize.max_length=3"], "tokenize.truncation=head_tail keeps a head and a tail: tokenize.max_length=3 less its 2 "
+                                "special tokens leaves 1 content token; raise tokenize.max_length to at least 4"),
+    (["tokenize.head_tokens=46"], "tokenize.head_tokens=46 leaves no tail: max_length=48 less the special tokens is 46 "
+                                  "content tokens; keep head_tokens below 46"),
+])
+def test_a_head_tail_that_cannot_fit_fails_before_any_stage_and_blames_what_was_set(tmp_path, overrides, message):
+    """max_length=3 blamed head_tokens (never set), and either was found at the tokenize stage, after five stages."""
+    out = _prepare("tokenize.truncation=head_tail", *overrides, f"output_dir={tmp_path / 'out'}")
+    assert _one_error(out) == f"error: {message}"
+    _nothing_written(tmp_path / "out")
+
+
+def test_the_trained_tokenizers_special_token_counts_are_what_the_early_check_assumes(tmp_path):
+    from pipeline.data.stages import tokenize
+    from pipeline.schema import TokenizeConfig
+
+    texts = ["a few words here", "and a few more words there"] * 20
+    for kind, count in tokenize.TRAINED_SPECIALS.items():
+        tok = tokenize.build_tokenizer(texts, TokenizeConfig(kind=kind, vocab_size=300, min_frequency=1), "", tmp_path / kind)
+        prefix, suffix = tokenize.special_template(tok)
+        assert len(prefix) + len(suffix) == count, kind

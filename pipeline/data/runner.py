@@ -132,9 +132,9 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
     _check_output_outside_input(cfg)
     input_fp = load.fingerprint(cfg.source)
     if cfg.tokenize.kind == "pretrained":  # a mistyped tokenizer path fails now, not after five stages
-        from pipeline.data.stages.tokenize import local_tokenizer
-
-        local_tokenizer(pretrained_tokenizer_name(cfg))
+        tokenize.local_tokenizer(pretrained_tokenizer_name(cfg))
+    if "tokenize" in names:  # so does a head_tail truncation that cannot fit tokenize.max_length
+        tokenize.check_head_tail(table[names.index("tokenize")].section)
     with open_engine(cfg) as engine:
         data_dir, manifests, rows = _run_stages(cfg, table, engine, input_fp, first_forced, progress)
     last = names[-1]

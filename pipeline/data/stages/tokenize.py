@@ -170,10 +170,33 @@ def head_tail_ids(ids: list[int], prefix: list[int], suffix: list[int], budget: 
 def head_tokens(cfg: TokenizeConfig, budget: int) -> int:
     """tokenize.head_tokens, or (0) Sun et al.'s 128 of 510 content tokens scaled to this budget."""
     head = cfg.head_tokens or round(budget * 128 / 510)
+    if not cfg.head_tokens and budget < 2:  # the user set only max_length: say that it is too small
+        raise ValueError(f"tokenize.truncation=head_tail keeps a head and a tail: tokenize.max_length={cfg.max_length} "
+                         f"less its {cfg.max_length - budget} special tokens leaves {budget} content token; raise "
+                         f"tokenize.max_length to at least {cfg.max_length - budget + 2}")
     if not 0 < head < budget:
         raise ValueError(f"tokenize.head_tokens={head} leaves no tail: max_length={cfg.max_length} less the "
                          f"special tokens is {budget} content tokens; keep head_tokens below {budget}")
     return head
+
+
+TRAINED_SPECIALS = {"wordpiece": 2, "bpe": 0}  # around one text: [CLS] [SEP] (_train_wordpiece), none for BPE
+
+
+def check_head_tail(cfg: TokenizeConfig) -> None:
+    """Before any stage runs: truncation=head_tail fits tokenize.max_length (it was found at the tokenize stage,
+    after five stages). The pretrained tokenizer's special tokens are read from its folder (a hub id: later)."""
+    if cfg.truncation != "head_tail":
+        return
+    if cfg.kind != "pretrained":
+        head_tokens(cfg, cfg.max_length - TRAINED_SPECIALS[cfg.kind])
+        return
+    folder = local_tokenizer(cfg.pretrained)
+    if folder is not None and (folder / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        prefix, suffix = special_template(Tokenizer.from_file(str(folder / "tokenizer.json")))
+        head_tokens(cfg, cfg.max_length - len(prefix) - len(suffix))
 
 
 def _head_tail_encoder(tok, cfg: TokenizeConfig):
