@@ -67,13 +67,15 @@ def package_versions() -> dict[str, str]:
 
 
 def cache_dir(ckpt: Path, model: Any, precision: str) -> Path | None:
-    """<ckpt.parent>/.onnx/<key> for a checkpoint with a manifest; None without one (exported unverified)."""
+    """<ckpt.parent>/.onnx/<checkpoint name>-<precision>-<key> for a checkpoint with a manifest; None without one
+    (exported unverified). The key is of the weights: a checkpoint written again gets a new folder, and the
+    export of its older weights is removed then (`cached`)."""
     manifest = Path(ckpt) / artifacts.MANIFEST
     if not manifest.is_file():
         return None
     files = {k: v["sha256"] for k, v in artifacts.read_json(manifest)["files"].items()}
     key = artifacts.fingerprint(files, model.config.to_json_string(), precision, PER_CHANNEL, package_versions())
-    return Path(ckpt).parent / ".onnx" / f"{precision}-{key}"
+    return Path(ckpt).parent / ".onnx" / f"{Path(ckpt).name}-{precision}-{key}"
 
 
 def check_exportable(model: Any) -> None:
@@ -184,6 +186,10 @@ def cached(model: Any, precision: str, folder: Path) -> tuple[Path, bool]:
             artifacts.write_files_manifest(tmp, kind="onnx", **info)
     except FileExistsError:  # another process of this evaluation finished the same export first
         return folder / MODEL_FILE, True
+    stem = folder.name.rpartition("-")[0] + "-"  # <checkpoint name>-<precision>-: the same checkpoint's older weights
+    for stale in folder.parent.glob(f"{stem}*"):
+        if stale != folder and stale.is_dir() and stale.name.rpartition("-")[0] + "-" == stem:
+            shutil.rmtree(stale, ignore_errors=True)  # a derived cache no weights match any more
     return folder / MODEL_FILE, False
 
 

@@ -37,7 +37,7 @@ def check_run_dir(run_dir: Path, resume: str | None, config_path: str) -> None:
         )
 
 
-RUN_DIRS = ("tensorboard", "checkpoints", "final", "model_config", "eval")
+RUN_DIRS = ("tensorboard", "checkpoints", "final", "model_config", "eval", ".onnx")  # .onnx: exports of final/
 SET_ASIDE = "set_aside"  # <run>/set_aside/<time>/: earlier attempts moved out of the way, never deleted
 
 

@@ -122,6 +122,9 @@ def test_the_cache_is_reused_and_changed_weights_export_again(world, counted):
     flipped = predict.predict_logits(model, ds, 4, ACC, "int8", progress=False, runtime="onnxruntime", onnx_dir=changed)
     assert counted == ["int8", "int8"]
     assert np.abs(flipped - first).max() > 1e-3  # the new weights' logits, not the cached ones
+    assert not folder.exists() and changed.is_dir()  # the old weights' export is gone: caches do not pile up
+    other = onnx_export.cache_dir(world.run_dir / "final", model, "int8")
+    assert other.parent == world.run_dir / ".onnx" and other.name.startswith("final-int8-")
 
 
 @pytest.mark.parametrize("damage", ["flip a byte", "truncate", "extra file", "manifest without files"])

@@ -239,3 +239,16 @@ def test_a_full_disk_during_a_checkpoint_save_is_one_line_with_the_space_needed_
     assert train(load_config(config), str(config), resume="auto") == signals.EXIT_OK  # space freed: it resumes
     assert json.loads((run / "final" / "state.json").read_text())["step"] == 20
     assert [r["step"] for r in records(run)] == list(range(1, 21))  # one history, no gap, no repeat
+
+
+def test_restart_sets_the_runs_onnx_exports_aside_with_everything_else(tmp_path):
+    """run/.onnx (exports of final/) stayed behind on --restart and piled up, keyed by weights no run had."""
+    from pipeline.training import rundir
+
+    run = tmp_path / "run"
+    (run / ".onnx" / "final-int8-0123456789abcdef").mkdir(parents=True)
+    (run / "final").mkdir()
+    (run / "metrics.jsonl").write_text("{}\n")
+    moved = rundir.set_aside(run)
+    assert sorted(p.name for p in moved.iterdir()) == [".onnx", "final", "metrics.jsonl"]
+    assert not (run / ".onnx").exists()
