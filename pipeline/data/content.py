@@ -57,15 +57,15 @@ def dataset_digest(ds, h: "hashlib._Hash") -> None:
         h.update(column_digest(table.column(name).chunks))
 
 
-def content_fingerprint(stage_dir: str | Path) -> str:
+def content_fingerprint(stage_dir: str | Path, data=None) -> str:
     """Of a complete stage folder (or one being written): its data's features and rows, split by split,
     and every other file's name and bytes (data/'s own files aside: datasets' bookkeeping is not
-    content; hidden ones aside: scratch)."""
+    content; hidden ones aside: scratch). `data`: the folder's data as already loaded by the caller."""
     import datasets
 
     stage_dir = Path(stage_dir)
     h = hashlib.sha256()
-    data = datasets.load_from_disk(str(stage_dir / DATA))
+    data = datasets.load_from_disk(str(stage_dir / DATA)) if data is None else data
     named = {"": data} if isinstance(data, datasets.Dataset) else dict(data)
     for split in sorted(named):
         h.update(b"\0split\0" + split.encode())

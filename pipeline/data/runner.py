@@ -328,8 +328,9 @@ def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, ctx: 
         # a stage that hands its input back (dedup.method=none) links the input stage's files: no copy
         if not (result.data is data and input_dir is not None and artifacts.link_tree(input_dir / "data", tmp / "data")):
             ctx.engine.save(result.data, tmp / "data")  # Ray: a shard per task
-        _check_readable(_load(tmp), stage.name)  # a stage that cannot be read back is never marked complete
-        content = content_fingerprint(tmp)  # what it holds, whichever code or engine wrote it
+        written = _load(tmp)
+        _check_readable(written, stage.name)  # a stage that cannot be read back is never marked complete
+        content = content_fingerprint(tmp, written)  # what it holds, whichever code or engine wrote it
         man = artifacts.manifest(
             stage=stage.name,
             fingerprint=fp,

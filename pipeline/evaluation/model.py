@@ -46,9 +46,7 @@ def load_model(ckpt: Path, run_dir: str | Path, auto_class: Any) -> Any:
     _verified(ckpt)
     if checkpoint.is_final(ckpt):
         return auto_class.from_pretrained(ckpt)
-    config_dir = checkpoint.model_config_dir(ckpt)
-    if not (config_dir / "config.json").is_file():  # a checkpoint copied out of its run: this run's
-        config_dir = Path(run_dir) / "model_config"
+    config_dir = _model_files(ckpt, run_dir)
     if not (config_dir / "config.json").is_file():
         raise FileNotFoundError(f"checkpoint {ckpt} has weights but no {config_dir / 'config.json'} beside its run; "
                                 f"cannot build the model to load them into")
@@ -57,12 +55,11 @@ def load_model(ckpt: Path, run_dir: str | Path, auto_class: Any) -> Any:
     return model
 
 
-def _tokenizer_file(ckpt: Path, run_dir: str | Path) -> Path | None:
-    """The tokenizer.json a model was trained with: final/'s own, else its run's model_config/."""
-    for folder in (ckpt, checkpoint.model_config_dir(ckpt), Path(run_dir) / "model_config"):
-        if (folder / "tokenizer.json").is_file():
-            return folder / "tokenizer.json"
-    return None
+def _model_files(ckpt: Path, run_dir: str | Path) -> Path:
+    """Where the config and tokenizer of `ckpt`'s weights are: final/ itself, the checkpoint's run's
+    model_config/, or (a checkpoint copied out of its run) this run's."""
+    folder = checkpoint.model_config_dir(ckpt)
+    return folder if (folder / "config.json").is_file() else Path(run_dir) / "model_config"
 
 
 def check_same_vocabulary(ckpt: Path, run_dir: str | Path, prepared_tokenizer: Path) -> None:
@@ -70,8 +67,8 @@ def check_same_vocabulary(ckpt: Path, run_dir: str | Path, prepared_tokenizer: P
     may add a pad token after them); a checkpoint whose tokenizer is not beside it is not checked here."""
     from tokenizers import Tokenizer
 
-    theirs = _tokenizer_file(ckpt, run_dir)
-    if theirs is None or not (prepared_tokenizer / "tokenizer.json").is_file():
+    theirs = _model_files(ckpt, run_dir) / "tokenizer.json"
+    if not theirs.is_file() or not (prepared_tokenizer / "tokenizer.json").is_file():
         return
     model_vocab = Tokenizer.from_file(str(theirs)).get_vocab()
     data_vocab = Tokenizer.from_file(str(prepared_tokenizer / "tokenizer.json")).get_vocab()
