@@ -393,7 +393,9 @@ def test_left_no_rows_names_the_real_config_section(tmp_path):
 
 
 def _start_mid_stage(tmp_path: Path) -> subprocess.Popen:
-    """A real prepare on 20k rows, returned once it is writing a stage's temporary."""
+    """A real prepare on 20k rows, returned once it is writing the temporary of one of its first three stages:
+    with split, label and tokenize still to run, the signal cannot arrive after the process has finished (on a
+    fast or busy machine it did, when the temporary seen was the last stage's: exit 0)."""
     big = _corpus(tmp_path / "big.csv", n=20_000)
     args = [sys.executable, str(ROOT / "pipeline" / "prepare.py"), "--config", str(TINY), "--quiet",
             *_data_overrides(tmp_path, big)]
@@ -404,7 +406,7 @@ def _start_mid_stage(tmp_path: Path) -> subprocess.Popen:
     stages = tmp_path / "out" / "data" / "stages"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
-        if stages.exists() and any(".tmp-" in p.name for p in stages.iterdir()):
+        if stages.exists() and any(".tmp-" in p.name and p.name.startswith((".0-", ".1-", ".2-")) for p in stages.iterdir()):
             return proc
         time.sleep(0.02)
     raise AssertionError("prepare finished before it could be interrupted")
