@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from pipeline import tasks
+from pipeline import REPO_ROOT, tasks
 from pipeline.schema import (  # noqa: F401 - the schema's names, imported from here by the package
     CleanConfig,
     Config,
@@ -35,7 +35,7 @@ from pipeline.schema import (  # noqa: F401 - the schema's names, imported from 
     TrainConfig,
 )
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
 
 
 class ConfigError(ValueError):

@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from pipeline import REPO_ROOT
 from pipeline.data.engines.base import StageFailed
 from pipeline.data.engines.ray import io as ray_io
 from pipeline.data.engines.ray import shuffle
 from pipeline.schema import RayConfig
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # what workers put on sys.path: this checkout's `pipeline`
 SCRATCH = ".ray-maps"  # inside a running stage's temporary folder: the shards its maps wrote
 
 

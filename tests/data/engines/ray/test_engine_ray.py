@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import random
 import signal
 import subprocess
@@ -337,3 +338,18 @@ def test_a_running_ray_answers_the_address_probe_as_grpc(ray_cluster):
     host, port = ray_cluster.get_runtime_context().gcs_address.rsplit(":", 1)
     assert _probe(host, int(port), 5.0) == "grpc"
     assert _probe("127.0.0.1", 9, 1.0) == "none"
+
+
+def test_workers_import_this_checkouts_pipeline(ray_cluster):
+    """Workers find `pipeline` through the PYTHONPATH start_local gives them (the checkout's root),
+    not only through an install: a clone run without `pip install -e` (or with the editable install
+    pointing at another clone) must not fail with "No module named 'pipeline'" on every worker."""
+    import pipeline
+    from pipeline import REPO_ROOT
+
+    @ray_cluster.remote
+    def path_of_workers() -> list[str]:
+        return os.environ.get("PYTHONPATH", "").split(os.pathsep)
+
+    assert Path(pipeline.__file__).resolve() == REPO_ROOT / "pipeline" / "__init__.py"
+    assert ray_cluster.get(path_of_workers.remote())[0] == str(REPO_ROOT)
