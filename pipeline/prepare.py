@@ -2,6 +2,9 @@
 
     python pipeline/prepare.py --dedup minhash [--config configs/default.yaml] [section.key=value ...]
     python pipeline/prepare.py --engine ray [ray.address=auto]     # the same stages on Ray Data
+
+Exit codes: 0 prepared; 2 one `error:` line (bad config or input, a Ray worker or Ray itself lost), and no
+stage that did not finish is marked complete, so a rerun continues; 130 Ctrl-C.
 """
 
 if __name__ == "__main__":  # run as a file: put the repository root, not pipeline/, on sys.path
@@ -9,12 +12,13 @@ if __name__ == "__main__":  # run as a file: put the repository root, not pipeli
 
 import sys  # noqa: E402
 
-from pipeline.cli import quiet_libraries  # noqa: E402
+from pipeline.cli import EXIT_USAGE, quiet_libraries  # noqa: E402
 from pipeline.config import config_from_args, make_parser  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     from pipeline.data import runner
+    from pipeline.data.engines.ray import driver
 
     parser = make_parser("prepare.py", __doc__)
     parser.add_argument("--dedup", choices=("none", "exact", "minhash"), help="shorthand for dedup.method=...")
@@ -32,10 +36,12 @@ def main(argv: list[str] | None = None) -> int:
         args, {"dedup.method": args.dedup, "prepare.num_proc": args.num_proc, "prepare.engine": args.engine}
     )
     try:
+        if cfg.prepare.engine == "ray" and not driver.is_driver():  # Ray may end its driver process: watch it
+            return driver.supervise(sys.argv[1:] if argv is None else argv)
         rows = runner.run(cfg, force=args.force, from_stage=args.from_stage, progress=not args.quiet)
-    except runner.StageFailed as e:  # a worker lost for good: one line, and no stage marked complete
+    except runner.StageFailed as e:  # a worker lost for good, Ray gone: one line, and no stage marked complete
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
     print(runner.format_report(rows))
     print(f"prepared data: {cfg.data_dir}")
     return 0

@@ -392,13 +392,13 @@ def test_left_no_rows_names_the_real_config_section(tmp_path):
         runner.run(cfg, progress=False)
 
 
-def _start_mid_stage(tmp_path: Path) -> subprocess.Popen:
+def _start_mid_stage(tmp_path: Path, *extra: str) -> subprocess.Popen:
     """A real prepare on 20k rows, returned once it is writing the temporary of one of its first three stages:
     with split, label and tokenize still to run, the signal cannot arrive after the process has finished (on a
     fast or busy machine it did, when the temporary seen was the last stage's: exit 0)."""
     big = _corpus(tmp_path / "big.csv", n=20_000)
     args = [sys.executable, str(ROOT / "pipeline" / "prepare.py"), "--config", str(TINY), "--quiet",
-            *_data_overrides(tmp_path, big)]
+            *_data_overrides(tmp_path, big), *extra]
     # Ctrl-C as a terminal delivers it: a suite run as a background job (`pytest &` in a script) passes an
     # ignored SIGINT on to its children, and Python then keeps it ignored, as a background job should
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -676,3 +676,61 @@ def test_the_trained_tokenizers_special_token_counts_are_what_the_early_check_as
         tok = tokenize.build_tokenizer(texts, TokenizeConfig(kind=kind, vocab_size=300, min_frequency=1), "", tmp_path / kind)
         prefix, suffix = tokenize.special_template(tok)
         assert len(prefix) + len(suffix) == count, kind
+
+
+# ---------------------------------------------------------------- Ray's own processes dying mid-prepare
+
+
+def _ray_process_of(proc: subprocess.Popen, name: str):
+    import psutil
+
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        found = [p for p in psutil.Process(proc.pid).children(recursive=True) if p.name() == name]
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no {name} under prepare")
+
+
+def _ends_in_one_error_line(proc: subprocess.Popen) -> str:
+    """exit 2; stderr: Ray's system messages as one line each, then the one `error:` line; no traceback,
+    no C++ log line of Ray's."""
+    assert proc.wait(timeout=180) == 2
+    with proc.stderr:
+        lines = proc.stderr.read().strip().splitlines()
+    assert lines and lines[-1].startswith("error: ") and all(ln.startswith("warning: ray (") for ln in lines[:-1]), lines
+    return lines[-1]
+
+
+@pytest.mark.parametrize("victim", ["raylet", "driver"])
+def test_a_ray_process_killed_mid_prepare_is_one_line_exit_2_and_the_rerun_finishes(tmp_path, victim):
+    """Killing the raylet made Ray end the driver by itself (exit 1, its C++ log lines, no line of ours) or fail a
+    task with Ray's dump on stdout; the driver killed (the OOM killer) left nothing said. Which of Ray's ways it
+    takes depends on the moment: each is one line, exit 2, and the rerun reuses or redoes what was not complete."""
+    proc = _start_mid_stage(tmp_path, "--engine", "ray")
+    if victim == "raylet":
+        _ray_process_of(proc, "raylet").kill()
+    else:
+        import psutil
+
+        driver = [p for p in psutil.Process(proc.pid).children() if "prepare.py" in " ".join(p.cmdline())]
+        assert len(driver) == 1
+        driver[0].kill()
+    error = _ends_in_one_error_line(proc)
+    if victim == "driver":
+        assert error.startswith("error: prepare's Ray driver ended without finishing (killed by SIGKILL)")
+    assert "run prepare again" in error
+    big = tmp_path / "big.csv"
+    again = _prepare(*_data_overrides(tmp_path, big))
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "out" / "data" / runner.PREPARED).is_file()
+    assert [p.name for p in (tmp_path / "out" / "data" / "stages").iterdir() if p.name.startswith(".")] == []
+
+
+def test_ctrl_c_on_ray_reaches_the_driver_once_and_is_one_line_exit_130(tmp_path):
+    proc = _start_mid_stage(tmp_path, "--engine", "ray")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    with proc.stderr:
+        assert proc.stderr.read() == "error: interrupted (Ctrl-C)\n"

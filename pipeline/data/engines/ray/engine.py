@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -107,10 +108,42 @@ def start_local(cfg: RayConfig) -> None:
         ray.init(num_cpus=cfg.num_cpus or None, include_dashboard=False, log_to_driver=False,
                  object_store_memory=cfg.object_store_mb * 2**20 if cfg.object_store_mb else None,
                  logging_level="ERROR", configure_logging=True)
+    except Exception as e:  # ray.init raises a bare Exception when a process it started died or timed out
+        raise StageFailed(f"a local Ray did not start ({_first_line(e)}); Ray's logs: /tmp/ray/session_latest/logs") from None
     finally:
         os.environ["PYTHONPATH"] = path
         if not path:
             del os.environ["PYTHONPATH"]
+    one_line_system_messages(ray)
+
+
+def _first_line(e: BaseException) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", (str(e).strip().splitlines() or [""])[0])[:200]  # no colour codes
+
+
+def one_line_system_messages(ray) -> None:
+    """Ray's system messages to the driver (a raylet died, a worker was killed for memory) as one
+    `warning: ray: ...` line each on stderr, not their multi-line dumps on stdout (the whole text is
+    in Ray's session logs). Ray prints them from a thread through `ray._private.worker.print_to_stdstream`."""
+    worker = getattr(getattr(ray, "_private", None), "worker", None)
+    if worker is None or not hasattr(worker, "print_to_stdstream"):  # another Ray: its own printing stays
+        return
+
+    said: set[str] = set()  # Ray repeats a message (a raylet's death comes once per subscriber)
+
+    def one_line(data: dict, ignore_prefix: bool = False) -> None:
+        first = " ".join(next((ln for ln in data.get("lines", []) if ln.strip()), "").split())
+        short = ""
+        for sentence in re.split(r"(?<=\.)\s+", first):  # whole sentences, about a line's worth
+            short = f"{short} {sentence}".strip()
+            if len(short) >= 40:
+                break
+        line = f"warning: ray ({data.get('pid', 'system')}): {short[:300]}"
+        if short and line not in said:
+            said.add(line)
+            print(line, file=sys.stderr, flush=True)
+
+    worker.print_to_stdstream = one_line
 
 
 class RayEngine:
@@ -137,6 +170,7 @@ class RayEngine:
                      runtime_env={"env_vars": {"PYTHONPATH": str(REPO_ROOT)}})
         except (ConnectionError, RuntimeError, TimeoutError) as e:
             raise ValueError(f"ray.address={cfg.address}: cannot join the cluster: {' '.join(str(e).split())}") from None
+        one_line_system_messages(ray)
         return cls(cfg, started=True)
 
     def close(self) -> None:
@@ -165,10 +199,13 @@ class RayEngine:
             raise self._failed(what, e) from None
 
     def _failed(self, what: str, e: Exception) -> StageFailed:
-        first = re.sub(r"\x1b\[[0-9;]*m", "", (str(e).strip().splitlines() or [""])[0])[:200]  # no colour codes
-        return StageFailed(f"{what} on Ray failed: a worker was lost and ray.max_retries={self.cfg.max_retries} "
-                           f"reruns did not finish it ({type(e).__name__}: {first}); nothing of this stage was "
-                           f"saved: run prepare again (the stages before it are reused)")
+        x = _import_ray().exceptions
+        if isinstance(e, (x.LocalRayletDiedError, x.NodeDiedError, x.RaySystemError)):  # retries cannot help
+            why = "Ray itself failed: a raylet or node it ran on died"
+        else:
+            why = f"a worker was lost and ray.max_retries={self.cfg.max_retries} reruns did not finish it"
+        return StageFailed(f"{what} on Ray failed: {why} ({type(e).__name__}: {_first_line(e)}); nothing of this "
+                           f"stage was saved: run prepare again (the stages before it are reused)")
 
     # ------------------------------------------------------------ row-wise stages and stage folders
     @contextlib.contextmanager
