@@ -93,8 +93,10 @@ def atomic_dir(final: str | Path, replace: bool = False) -> Iterator[Path]:
         fsync_path(final.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if says_no_space(e):  # a library's bare ENOSPC names no path: say which folder did not fit
+            raise no_space_error(final.parent, None, f"{final.name}/", e) from None
         raise
     finally:
         os.close(lock)
@@ -190,8 +192,10 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if says_no_space(e):
+            raise no_space_error(path.parent, None, path.name, e) from None
         raise
 
 
@@ -269,22 +273,46 @@ def check_files(folder: Path, deep: bool = True) -> str | None:
     return None
 
 
-def no_space_error(path: str | Path, needed: int, what: str, cause: BaseException) -> OSError | None:
+def write_errors() -> tuple[type[BaseException], ...]:
+    """The exception types a library reports a failed write (a full disk) with: OSError; torch's RuntimeError
+    ("unexpected pos", "file write failed"); safetensors' SafetensorError ("I/O error: No space left on
+    device (os error 28)"). Catch these around a write, and let `no_space_error` decide what it was."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:
+        return (OSError, RuntimeError)
+    return (OSError, RuntimeError, SafetensorError)
+
+
+def no_space_error(path: str | Path, needed: int | None, what: str, cause: BaseException,
+                   then: str = "run the same command again") -> OSError | None:
     """The one-line error for `what` failing to write under `path` because its disk is full (the cause says
     ENOSPC, or less than `needed` bytes are free), or None when it is not that: libraries report a full disk
     as anything from ENOSPC to torch's "unexpected pos"."""
     import errno
 
-    enospc = isinstance(cause, OSError) and cause.errno == errno.ENOSPC
+    enospc = says_no_space(cause)
     try:
         free: int | None = shutil.disk_usage(path).free
     except OSError:
         free = None
-    if not enospc and (free is None or free >= needed):
+    if not enospc and (free is None or needed is None or free >= needed):
         return None
     have = f"{size_text(free)} free" if free is not None else "free space unknown"
-    return OSError(errno.ENOSPC, f"no space left on the disk of {path}: {what} needs about {size_text(needed)}, "
-                                 f"{have}; free some space and run the same command again")
+    needs = f"{what} needs about {size_text(needed)}, {have}" if needed else f"{what} could not be written, {have}"
+    return OSError(errno.ENOSPC, f"no space left on the disk of {path}: {needs}; free some space and {then}")
+
+
+def says_no_space(e: BaseException) -> bool:
+    """The error itself says the disk is full (errno ENOSPC, or safetensors' "os error 28")."""
+    import errno
+
+    return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "(os error 28)" in str(e)
+
+
+def tree_bytes(folder: Path) -> int:
+    """The bytes of the files under `folder` (0 when it does not exist)."""
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file()) if Path(folder).is_dir() else 0
 
 
 def size_text(n: int) -> str:

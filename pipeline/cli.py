@@ -30,6 +30,7 @@ def run_main(main: Callable[[list[str] | None], int]) -> None:
             _exit_interrupted()
         if os.environ.get("PIPELINE_DEBUG"):
             raise
+        _close_progress_bars()
         print(f"error: {_message(e)}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
     except Exception:
@@ -38,6 +39,13 @@ def run_main(main: Callable[[list[str] | None], int]) -> None:
         raise
     finally:
         end_process_group()
+
+
+def _close_progress_bars() -> None:
+    """End any progress bar's line first, so the error starts a line of its own."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", None) or []):
+        bar.close()
 
 
 def _exit_interrupted() -> None:

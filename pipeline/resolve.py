@@ -171,7 +171,7 @@ def _convert_gguf(path: Path, dest: Path, name: str) -> None:
     try:
         model.save_pretrained(str(dest))
         tokenizer.save_pretrained(str(dest))
-    except (OSError, RuntimeError) as e:
+    except artifacts.write_errors() as e:
         err = artifacts.no_space_error(dest.parent, needed, f"the conversion of {path}", e)
         if err is not None:
             raise err from None

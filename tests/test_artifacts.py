@@ -46,3 +46,46 @@ def test_read_json_errors_name_the_file(tmp_path):
         artifacts.read_json(bad)
     with pytest.raises(FileNotFoundError, match="missing file: .*none.json"):
         artifacts.read_json(tmp_path / "none.json")
+
+
+def _full_disk(*args, **kwargs):
+    import errno
+
+    raise OSError(errno.ENOSPC, "No space left on device")  # as pyarrow and open() say it: no path
+
+
+def test_a_full_disk_inside_atomic_dir_names_the_folder_and_leaves_nothing(tmp_path):
+    with pytest.raises(OSError, match=rf"^\[Errno 28\] no space left on the disk of {tmp_path}: report/ could not be "
+                                      r"written, [0-9.]+ [KMG]iB free; free some space and run the same command again$"):
+        with artifacts.atomic_dir(tmp_path / "report"):
+            _full_disk()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_in_write_json_atomic_names_the_file_and_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(artifacts.json, "dump", _full_disk)
+    with pytest.raises(OSError, match=rf"no space left on the disk of {tmp_path}: metrics.json could not be written"):
+        artifacts.write_json_atomic(tmp_path / "metrics.json", {"a": 1})
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("words, is_full", [
+    ("Error while serializing: I/O error: No space left on device (os error 28)", True),  # safetensors
+    ("Error while serializing: I/O error: Permission denied (os error 13)", False),
+])
+def test_safetensors_words_for_a_full_disk_are_recognised(tmp_path, words, is_full):
+    from safetensors import SafetensorError
+
+    assert SafetensorError in artifacts.write_errors()
+    err = artifacts.no_space_error(tmp_path, 1, "checkpoint step-0000020", SafetensorError(words))
+    assert (err is not None) == is_full
+    if is_full:
+        assert str(err).startswith(f"[Errno 28] no space left on the disk of {tmp_path}: checkpoint step-0000020 "
+                                   f"needs about 1 B, ")
+
+
+def test_another_os_error_inside_atomic_dir_is_itself(tmp_path):
+    with pytest.raises(PermissionError, match="denied"):
+        with artifacts.atomic_dir(tmp_path / "report"):
+            raise PermissionError(13, "denied", str(tmp_path / "report"))
+    assert list(tmp_path.iterdir()) == []

@@ -316,6 +316,17 @@ def _run_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, ctx: 
     datasets.disable_caching()  # stages cache themselves; no cache-*.arrow files inside earlier stages' dirs
     start = time.perf_counter()
     rows_in = num_rows(data) if data is not None else None
+    try:
+        return _write_stage(stage, data, out, fp, input_fp, ctx, input_dir, rows_in, start)
+    except artifacts.write_errors() as e:  # the temporary is gone (atomic_dir); a full disk is said so
+        if not artifacts.says_no_space(e):
+            raise
+        needed = artifacts.tree_bytes(input_dir / "data") if input_dir is not None else None  # about the input's size
+        raise artifacts.no_space_error(out.parent, needed, f"stage {stage.name}", e) from None
+
+
+def _write_stage(stage: Stage, data: Any, out: Path, fp: str, input_fp: str, ctx: StageContext,
+                 input_dir: Path | None, rows_in: int | None, start: float):
     with artifacts.atomic_dir(out, replace=True) as tmp, ctx.engine.stage(tmp):  # Ray: its maps' shards under tmp
         ctx = dataclasses.replace(ctx, out_dir=tmp)
         result = stage.run(data, ctx)

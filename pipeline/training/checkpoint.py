@@ -60,8 +60,9 @@ def save_checkpoint(acc, root: Path, name: str, model, optimizer, scheduler, sta
         if acc.is_main_process:
             write_json_atomic(tmp / SCHEDULER, state_io.plain_state(scheduler.state_dict(), "scheduler"))
             write_json_atomic(tmp / STATE, {**state, "format": FORMAT})
-    except (OSError, RuntimeError) as e:  # a full disk: torch says "unexpected pos" or "file write failed"
-        full = artifacts.no_space_error(root, checkpoint_bytes(root, model), f"checkpoint {name}", e)
+    except artifacts.write_errors() as e:  # a full disk: torch says "unexpected pos" or "file write failed"
+        full = artifacts.no_space_error(root, checkpoint_bytes(root, model), f"checkpoint {name}", e,
+                                      then="continue the run with --resume auto (the checkpoints before it are intact)")
         if full is None:
             raise
         shutil.rmtree(tmp, ignore_errors=True)  # incomplete, never read: frees what it took; nothing else is touched

@@ -147,7 +147,7 @@ def export_final(model, tok, out: Path, state: dict | None = None, weights: dict
             if state is not None:
                 artifacts.write_json_atomic(tmp / "state.json", state)
             checkpoint.write_manifest(tmp, kind="final")  # evaluation verifies what it loads against it
-    except (OSError, RuntimeError) as e:  # a full disk, however the library words it
+    except artifacts.write_errors() as e:  # a full disk, however the library words it
         needed = sum(p.numel() * p.element_size() for p in model.parameters())
         full = artifacts.no_space_error(out.parent, needed, f"the final export {out.name}/", e)
         if full is None:

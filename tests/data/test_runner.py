@@ -103,6 +103,28 @@ def test_failed_stage_leaves_no_complete_directory(tmp_path, monkeypatch):
     assert not (cfg.data_dir / runner.PREPARED).exists()
 
 
+def test_a_full_disk_during_a_stage_names_the_stage_the_disk_and_about_what_it_needs(tmp_path, monkeypatch):
+    """pyarrow says only "[Errno 28] No space left on device": the message names where and how much."""
+    import errno
+
+    from pipeline.data.engines.local import LocalEngine
+
+    cfg = _cfg(tmp_path)
+    real = LocalEngine.save
+
+    def full_at_split(data, path):
+        if ".3-split-" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(data, path)
+
+    monkeypatch.setattr(LocalEngine, "save", staticmethod(full_at_split))
+    stages = cfg.data_dir / "stages"
+    with pytest.raises(OSError, match=rf"^\[Errno 28\] no space left on the disk of {stages}: stage split needs about "
+                                      r"[0-9.]+ KiB, [0-9.]+ [KMG]iB free; free some space and run the same command again$"):
+        runner.run(cfg, progress=False)
+    assert [p.name.split("-")[1] for p in sorted(stages.iterdir())] == ["load", "clean", "dedup"]  # no temporary
+
+
 def test_process_killed_during_a_stage_is_not_taken_as_complete(tmp_path):
     """SIGKILL a real prepare while a stage is being written; the rerun redoes that stage."""
     cfg = _cfg(tmp_path)

@@ -233,7 +233,8 @@ def test_a_full_disk_during_a_checkpoint_save_is_one_line_with_the_space_needed_
     run = run_dir(config)
     assert len(errors) == 1 and errors[0].startswith(
         f"error: no space left on the disk of {run / 'checkpoints'}: checkpoint step-0000010 needs about ") and \
-        errors[0].endswith(" KiB, 4.0 KiB free; free some space and run the same command again"), errors
+        errors[0].endswith(" KiB, 4.0 KiB free; free some space and continue the run with --resume auto (the checkpoints before it "
+                            "are intact)"), errors
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert names == ["step-0000005"]  # the first checkpoint intact, the failed save's temporary gone
     assert train(load_config(config), str(config), resume="auto") == signals.EXIT_OK  # space freed: it resumes
