@@ -94,6 +94,10 @@ def quiet_libraries(verbose: bool) -> None:
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # read when each library is imported
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import logging
+
+    # accelerate's save of a model with tied weights (GPT-2's lm_head) warns on every checkpoint; the tie is restored on load
+    logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
     if "datasets" in sys.modules:
         sys.modules["datasets"].disable_progress_bars()
     if "transformers" in sys.modules:

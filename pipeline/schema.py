@@ -33,6 +33,7 @@ class SourceConfig:
     split_field: str = opt("", "column naming a split the source already has; empty = none")
     hub_config: str = opt("", "hub dataset configuration name")
     hub_splits: list = opt([], "hub splits to load (empty = all)")
+    glob: str = opt("*.txt", "format=folder: the files of a class folder that are documents (e.g. *.md)")
     bad_lines: str = opt("error", "malformed JSONL/CSV rows: fail naming the line, or skip and count", ("error", "skip"))
     max_rows: int = opt(0, "keep only the first N rows (0 = all); for quick experiments", bounds="[0, inf)")
     sample: float = opt(1.0, "keep this fraction of rows, chosen by a hash of the row id (stable, spread over the file)", bounds="(0, 1]")
@@ -50,6 +51,8 @@ class CleanConfig:
     mention_token: str = opt("@user", "replacement for @mentions when mentions=replace")
     strip_retweet: bool = opt(True, "drop a leading 'RT @user:' retweet marker")
     lowercase: bool = opt(False, "lowercase the text (uncased tokenizers do this themselves)")
+    keep_lines: bool = opt(False, "keep line breaks (spaces collapsed within each line, at most one blank line "
+                           "between paragraphs): verse, dialogue and code for language modelling")
     min_chars: int = opt(1, "drop texts shorter than this many characters after cleaning", bounds="[0, inf)")
     # a default limit: one pathological row (a 5 MB cell) cost ~40 s across dedup, split and tokenize;
     # 100k characters is ~15k words, far past any max_length; split.chunk users of longer documents raise it
@@ -214,6 +217,19 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class LMConfig:
+    block_size: int = opt(256, "task=causal_lm: tokens per training example; documents are packed into blocks with "
+                          "an end-of-text token after each", bounds="[8, inf)")
+    boundaries: str = opt("document", "task=causal_lm: `document`: positions restart at each document and no token "
+                          "attends to another document's (exact, as if each were alone); `none`: plain "
+                          "concatenation, as transformers' run_clm", ("document", "none"))
+    prompts: list = opt(["**ROMEO**\n", "**KING HENRY**\nNow"], "task=causal_lm: prompts sampled from at each "
+                        "validation and by evaluate.py (TensorBoard text and samples.jsonl)")
+    sample_tokens: int = opt(80, "task=causal_lm: new tokens per sample", bounds="[0, inf)")
+    sample_temperature: float = opt(0.8, "task=causal_lm: sampling temperature (0 = greedy)", bounds="[0, inf)")
+
+
+@dataclass(frozen=True)
 class Config:
     output_dir: str = opt("outputs/default", "root of this experiment: data/ (prepared stages) and run/ (training)")
     task: str = opt("classification", "what the model learns: a task of pipeline/tasks/ (its stages after split, model, "
@@ -224,6 +240,7 @@ class Config:
     split: SplitConfig = field(default_factory=SplitConfig, metadata={"help": "train/validation/test split"})
     label: LabelConfig = field(default_factory=LabelConfig, metadata={"help": "labels to class ids"})
     tokenize: TokenizeConfig = field(default_factory=TokenizeConfig, metadata={"help": "tokenization"})
+    lm: LMConfig = field(default_factory=LMConfig, metadata={"help": "causal language modelling (task=causal_lm)"})
     prepare: PrepareConfig = field(default_factory=PrepareConfig, metadata={"help": "how prepare runs the stages"})
     ray: RayConfig = field(default_factory=RayConfig, metadata={"help": "the Ray cluster of prepare.engine=ray"})
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "the model"})

@@ -41,4 +41,10 @@ class Task:
     evaluate: Callable[..., dict]
     write_report: Callable[..., None]
     summary: Callable[[dict], str]
+    # predict's per-row model outputs: (model, rows as dicts of the task's columns, pad id, pad multiple, device)
+    # -> tensor (rows, k); None: the logits of a sequence classifier, (rows, num_labels)
+    outputs: Callable[..., Any] | None = None
+    # training: the count a micro-batch's mean loss is over (causal_lm: its target tokens), so that a step's
+    # loss is the mean over all its micro-batches' and processes' targets; None: each micro-batch weighs the same
+    loss_tokens: Callable[[dict], Any] | None = None
 

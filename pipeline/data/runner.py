@@ -134,7 +134,8 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
     if cfg.tokenize.kind == "pretrained":  # a mistyped tokenizer path fails now, not after five stages
         tokenize.local_tokenizer(pretrained_tokenizer_name(cfg))
     if "tokenize" in names:  # so does a head_tail truncation that cannot fit tokenize.max_length
-        tokenize.check_head_tail(table[names.index("tokenize")].section)
+        section = table[names.index("tokenize")].section
+        tokenize.check_head_tail(getattr(section, "tokenize", section))  # causal_lm's: tokenize settings + lm
     with open_engine(cfg) as engine:
         data_dir, manifests, rows = _run_stages(cfg, table, engine, input_fp, first_forced, progress)
     last = names[-1]

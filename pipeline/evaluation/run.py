@@ -99,7 +99,7 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
     onnx_dir = _onnx_cache(ckpt, model, precision, runtime)
     reused = onnx_dir is not None and artifacts.check_files(onnx_dir) is None  # predict re-exports one that is not
     logits = predict.predict_logits(model, dataset, cfg.eval.batch_size, accelerator, precision, progress,
-                                    runtime, onnx_dir, scratch=cfg.run_dir)
+                                    runtime, onnx_dir, scratch=cfg.run_dir, outputs=task.outputs, columns=task.columns)
     seconds = time.perf_counter() - start
     if not accelerator.is_main_process:
         accelerator.end_training()

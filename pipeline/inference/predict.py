@@ -61,7 +61,7 @@ def _place(index: np.ndarray, logits: np.ndarray, n: int) -> np.ndarray:
 
 def predict_logits(
     model: Any, dataset: Any, batch_size: int, accelerator: Any, precision: str = "fp32", progress: bool = True,
-    runtime: str = "torch", onnx_dir: Any = None, scratch: Any = None,
+    runtime: str = "torch", onnx_dir: Any = None, scratch: Any = None, outputs: Any = None, columns: tuple = (),
 ) -> np.ndarray:
     """(len(dataset), num_labels) float32 logits in dataset order, on every process.
 
@@ -73,6 +73,7 @@ def predict_logits(
     from tqdm.auto import tqdm
 
     sequences = dataset["input_ids"][:]  # list of token-id lists; (n, ragged)
+    extra = {c: dataset[c][:] for c in columns if c != "input_ids"} if outputs is not None else {}
     rank, world = accelerator.process_index, accelerator.num_processes
     batches = plan_batches([len(s) for s in sequences], batch_size)
     mine = shard(batches, rank, world)
@@ -83,12 +84,16 @@ def predict_logits(
     bar = tqdm(total=sum(len(b) for b in mine), unit="ex", desc=f"predict[{rank}]", disable=not (progress and accelerator.is_main_process))
     with torch.inference_mode(), backends.autocast(accelerator.device, precision):
         for batch in mine:
-            inputs = {k: v.to(accelerator.device) for k, v in pad([sequences[i] for i in batch], pad_id, multiple).items()}
-            chunks.append(model(**inputs).logits.float().cpu().numpy())  # (batch, num_labels)
+            if outputs is not None:  # the task's own per-row outputs (causal_lm: summed loss and target count)
+                rows = [{"input_ids": sequences[i], **{c: v[i] for c, v in extra.items()}} for i in batch]
+                chunks.append(outputs(model, rows, pad_id, multiple, accelerator.device).float().cpu().numpy())
+            else:
+                inputs = {k: v.to(accelerator.device) for k, v in pad([sequences[i] for i in batch], pad_id, multiple).items()}
+                chunks.append(model(**inputs).logits.float().cpu().numpy())  # (batch, num_labels)
             index.append(batch)
             bar.update(len(batch))
     bar.close()
-    num_labels = model.config.num_labels
+    num_labels = chunks[0].shape[1] if chunks else (2 if outputs is not None else model.config.num_labels)
     index_np = np.concatenate(index) if index else np.zeros(0, dtype=np.int64)
     logits_np = np.concatenate(chunks) if chunks else np.zeros((0, num_labels), dtype=np.float32)
     if world > 1:

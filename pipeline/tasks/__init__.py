@@ -6,10 +6,11 @@ from __future__ import annotations
 import difflib
 
 from pipeline.task import Task
-from pipeline.tasks import classification
+from pipeline.tasks import causal_lm, classification
 
 TASKS: dict[str, Task] = {
     "classification": classification.TASK,
+    "causal_lm": causal_lm.TASK,
 }
 
 

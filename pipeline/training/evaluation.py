@@ -23,6 +23,6 @@ def evaluate(acc, model, ds, batch_size: int, task, info: dict, precision: str =
     was_training = model.training
     # unwrap_model keeps accelerate's autocast wrapper: fp32 validation runs in the precision training does
     logits = predict_logits(acc.unwrap_model(model), ds, batch_size, acc, precision, progress=False,
-                            runtime=runtime, scratch=scratch)
+                            runtime=runtime, scratch=scratch, outputs=task.outputs, columns=task.columns)
     model.train(was_training)
     return task.score(logits, ds, info)

@@ -38,8 +38,9 @@ class Window:
         return max(time.perf_counter() - self.start - self.paused, 1e-9)
 
     def count(self, batch: dict) -> None:
-        self.tokens += int(batch["attention_mask"].sum())
-        self.slots += batch["attention_mask"].numel()
+        mask = batch.get("attention_mask")  # none for packed blocks (causal_lm): every slot but a split's last is a token
+        self.tokens += int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+        self.slots += batch["input_ids"].numel() if mask is None else mask.numel()
         self.samples += len(batch["labels"])
 
 
@@ -75,9 +76,11 @@ def _run(s: Setup, st: TrainState, stop: signals.StopFlag) -> int:
     anomaly_mode = torch.autograd.detect_anomaly(check_nan=True) if t.detect_anomaly else contextlib.nullcontext()
     s.model.train()
     while code is None and st.step < s.total_steps:
-        for batch in _epoch_batches(s, st):
+        for batch, weight in _weighted(s, _epoch_batches(s, st)):
             with acc.accumulate(s.model), anomaly_mode:
                 loss = s.model(**batch).loss  # mean over this micro-batch
+                if weight is not None:  # its share of the step's targets on every process (see _weighted)
+                    loss = loss * weight
                 acc.backward(loss)
             loss_acc += loss.detach() / t.grad_accum
             win.count(batch)
@@ -95,6 +98,37 @@ def _run(s: Setup, st: TrainState, stop: signals.StopFlag) -> int:
                 break
     bar.close()
     return _finish(s, st) if code is None else code
+
+
+def _weighted(s: Setup, batches):
+    """(micro-batch, weight): weight None for a task whose micro-batches weigh the same; else, with the task's
+    count n_i of what micro-batch i's mean loss is over (causal_lm: target tokens) and N the count of the
+    whole step (its grad_accum micro-batches on every process, one all-reduce), weight = n_i * P * A / N:
+    accelerate divides each loss by A (grad_accum) and DDP averages over P processes, so the step's gradient
+    is that of the mean over all N targets, whatever the micro-batches' sizes."""
+    count = s.task.loss_tokens
+    if count is None:
+        yield from ((b, None) for b in batches)
+        return
+    step_of = s.cfg.train.grad_accum
+    group: list = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == step_of:
+            yield from _scaled(s, group, count)
+            group = []
+    if group:  # an epoch ends on a whole step (steps_per_epoch); kept for safety
+        yield from _scaled(s, group, count)
+
+
+def _scaled(s: Setup, group: list, count):
+    import torch
+
+    counts = [count(b).to(torch.float64) for b in group]
+    total = s.acc.reduce(torch.stack(counts).sum(), reduction="sum")
+    factor = s.acc.num_processes * s.cfg.train.grad_accum / total.clamp(min=1)
+    for batch, n in zip(group, counts):
+        yield batch, (n * factor).float()
 
 
 def _epoch_batches(s: Setup, st: TrainState):

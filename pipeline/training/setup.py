@@ -221,7 +221,9 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, mp: str, total: int, s
     set_seed(t.seed, deterministic=t.deterministic)
     task = tasks.get(cfg.task)
     model = task.build_model(cfg, tok, prep.info)
-    build.check_fit(model, tok, train_ds, cfg.tokenize.max_length, f"model {cfg.model.name_or_path or cfg.model.from_scratch}")
+    # the longest example the data may hold: a classifier's tokenize.max_length, a language model's blocks
+    longest = prep.info.get("block_size") or cfg.tokenize.max_length
+    build.check_fit(model, tok, train_ds, longest, f"model {cfg.model.name_or_path or cfg.model.from_scratch}")
     if t.gradient_checkpointing:  # non-reentrant: works under DDP (no "marked ready twice")
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer, scheduler = build.build_optimizer(model, t, total)

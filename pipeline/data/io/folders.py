@@ -24,13 +24,13 @@ def folder_files(path: Path, cfg: SourceConfig) -> list[tuple[str, str, Path]]:
     files = []  # (split, label, file)
     for split_dir in split_dirs or [path]:
         for label_dir in _subfolders(split_dir):
-            found = sorted(label_dir.glob("*.txt"))
+            found = sorted(label_dir.glob(cfg.glob))
             odd = next((f for f in found if not f.is_file()), None)  # is_file follows links: /dev/zero is not one
             if odd is not None:  # a FIFO blocks its reader forever, a device never ends
                 raise ValueError(f"source.path: {odd} is not a regular file (a FIFO, device or socket); move it out "
                                  f"of the folder")
             if not found:  # a class that silently vanished would only show up as a worse model
-                print(f"warning: {label_dir} has no .txt files: class '{_name(label_dir.name)}' gets no documents "
+                print(f"warning: {label_dir} has no {cfg.glob} files: class '{_name(label_dir.name)}' gets no documents "
                       f"from it", file=sys.stderr)
             files += [(split_dir.name if split_dirs else "", label_dir.name, f) for f in found]
     if not files:
@@ -54,8 +54,8 @@ def read_folder(path: Path, cfg: SourceConfig, part: Part = WHOLE) -> tuple[pa.T
 
 
 def _subfolders(path: Path) -> list[Path]:
-    """Visible subfolders: `.ipynb_checkpoints` or `.git` is no class."""
-    return [d for d in sorted(path.iterdir()) if d.is_dir() and not d.name.startswith(".")]
+    """Visible subfolders: `.ipynb_checkpoints`, `.git` or a package's `__pycache__` is no class."""
+    return [d for d in sorted(path.iterdir()) if d.is_dir() and not d.name.startswith(".") and d.name != "__pycache__"]
 
 
 def _name(name: str) -> str:

@@ -11,7 +11,7 @@ Per text, in this order (each step is why the next one can be simple):
   5. a leading "RT @user:" retweet marker removed (before mentions are replaced)
   6. lowercase (before URL/mention tokens go in, so the tokens keep their case)
   7. URLs and @mentions kept, removed or replaced by a token
-  8. whitespace runs collapsed to one space, ends stripped
+  8. whitespace runs collapsed to one space, ends stripped (keep_lines: within each line; line breaks kept)
 Rows are then dropped with a counted reason: empty_after_clean, too_short, too_long, too_few_words.
 Words counted for min_words exclude the URL/mention replacement tokens ("[url]" is not content).
 """
@@ -60,6 +60,14 @@ def _invisible_table() -> dict[int, str | None]:
 
 
 _INVISIBLE = _invisible_table()
+_INVISIBLE_KEEP_LINES = {**_INVISIBLE, 0x0A: "\n", 0x0B: "\n", 0x0C: "\n", 0x0D: "\n", 0x85: "\n", 0x2028: "\n",
+                         0x2029: "\n\n"}
+_BLANK_LINES = re.compile(r"\n{3,}")
+
+
+def _lines(text: str) -> str:
+    """clean.keep_lines: spaces collapsed and stripped within each line, at most one blank line in a row."""
+    return _BLANK_LINES.sub("\n\n", "\n".join(_SPACE.sub(" ", line).strip() for line in text.split("\n"))).strip()
 
 
 def repair(text: str) -> str:
@@ -98,7 +106,7 @@ def normalise(text: str, cfg: CleanConfig) -> str:
         text = html.unescape(text)
     if cfg.normalize != "none":
         text = unicodedata.normalize(cfg.normalize, text)
-    text = text.translate(_INVISIBLE)
+    text = text.replace("\r\n", "\n").translate(_INVISIBLE_KEEP_LINES) if cfg.keep_lines else text.translate(_INVISIBLE)
     if "\u200c" in text or "\u200d" in text:
         text = _JOINER_AT_ASCII.sub("", text)
     if cfg.strip_retweet:
@@ -109,7 +117,7 @@ def normalise(text: str, cfg: CleanConfig) -> str:
         text = _URL.sub(cfg.url_token if cfg.urls == "replace" else " ", text)
     if cfg.mentions != "keep":
         text = _MENTION.sub(cfg.mention_token if cfg.mentions == "replace" else " ", text)
-    return _SPACE.sub(" ", text).strip()
+    return _lines(text) if cfg.keep_lines else _SPACE.sub(" ", text).strip()
 
 
 def clean_text(text: str, cfg: CleanConfig) -> str:

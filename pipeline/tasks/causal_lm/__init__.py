@@ -1,0 +1,60 @@
+"""Causal language modelling: documents packed into blocks (pack.py) for a GPT-2 built from the config or any
+AutoModelForCausalLM; the loss of an optimizer step is the mean over all its target tokens; validation and
+evaluation report perplexity and bits per byte over the whole split."""
+
+from __future__ import annotations
+
+from pipeline.data.engines.base import Stage
+from pipeline.task import Task
+from pipeline.tasks.causal_lm import collate, model, pack, score
+
+METRICS = {"perplexity": False, "bits_per_byte": False, "loss": False}  # lower is better, all three
+
+
+def stages(cfg, tokenize: Stage) -> list[Stage]:
+    """One stage after split: tokenize (the shared tokenizer settings) and pack (lm.*)."""
+    return [Stage("tokenize", pack.tokenize_and_pack, pack.PackSection(tokenize.section, cfg.lm))]
+
+
+def data_info(manifests: dict) -> dict:
+    stats = manifests["tokenize"]["stats"]
+    return {"block_size": stats["block_size"], "boundaries": stats["boundaries"], "eos_id": stats["eos_id"]}
+
+
+def validate(cfg) -> None:
+    if cfg.train.metric_for_best not in METRICS:
+        raise ValueError(f"train.metric_for_best: {cfg.train.metric_for_best!r} is not one of "
+                         f"{', '.join(map(repr, METRICS))} (the causal_lm task's metrics)")
+    if cfg.tokenize.kind == "wordpiece":
+        raise ValueError("tokenize.kind=wordpiece: task=causal_lm needs an end-of-text token between documents; use "
+                         "bpe (trained on train) or pretrained")
+    if cfg.eval.runtime != "torch" or cfg.eval.precision == "int8":
+        raise ValueError(f"eval.runtime={cfg.eval.runtime}, eval.precision={cfg.eval.precision}: task=causal_lm "
+                         f"evaluates with eval.runtime=torch at fp32 or bf16")
+
+
+def check_model(model, info: dict, ckpt) -> None:
+    positions = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
+    if positions and positions < info["block_size"]:
+        raise ValueError(f"checkpoint {ckpt} has {positions} positions, fewer than the data's blocks of "
+                         f"{info['block_size']} tokens (lm.block_size); prepare with a smaller lm.block_size")
+
+
+TASK = Task(
+    name="causal_lm",
+    stages=stages,
+    data_info=data_info,
+    validate=validate,
+    columns=("position_ids", "bytes"),
+    metrics=METRICS,
+    collator=collate.Collator,
+    build_model=model.build_model,
+    model_class=model.model_class,
+    score=score.score_rows,
+    check_model=check_model,
+    evaluate=score.evaluate,
+    write_report=score.write_report,
+    summary=score.summary,
+    outputs=collate.row_losses,
+    loss_tokens=collate.loss_tokens,
+)
