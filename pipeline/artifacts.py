@@ -182,13 +182,17 @@ def fsync_path(path: Path) -> None:
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Write JSON to `path` through a temporary file and a rename."""
+    write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write `text` (UTF-8) to `path` through a temporary file and a rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, ensure_ascii=False, default=str)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

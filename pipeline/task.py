@@ -47,4 +47,7 @@ class Task:
     # training: the count a micro-batch's mean loss is over (causal_lm: its target tokens), so that a step's
     # loss is the mean over all its micro-batches' and processes' targets; None: each micro-batch weighs the same
     loss_tokens: Callable[[dict], Any] | None = None
+    # text generated from fixed prompts: (model, tokenizer, cfg, step) -> [{"prompt", "text", ...}], written at each
+    # validation (run/samples/, TensorBoard text) and by evaluate.py (samples.jsonl); None: a task that generates none
+    samples: Callable[..., list] | None = None
 

@@ -63,7 +63,7 @@ def test_a_full_disk_inside_atomic_dir_names_the_folder_and_leaves_nothing(tmp_p
 
 
 def test_a_full_disk_in_write_json_atomic_names_the_file_and_leaves_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(artifacts.json, "dump", _full_disk)
+    monkeypatch.setattr(artifacts.os, "fsync", _full_disk)
     with pytest.raises(OSError, match=rf"no space left on the disk of {tmp_path}: metrics.json could not be written"):
         artifacts.write_json_atomic(tmp_path / "metrics.json", {"a": 1})
     assert list(tmp_path.iterdir()) == []

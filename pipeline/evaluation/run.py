@@ -3,6 +3,7 @@ score the outputs and write its report beside metrics.json."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,14 @@ def select_split(splits: Any, name: str, where: Path) -> Any:
     if len(splits[name]) == 0:
         raise ValueError(f"split '{name}' of the prepared data ({where}) has no rows; pick another split")
     return splits[name]
+
+
+def _documents(prepared: Any, dataset: Any, split: str) -> int:
+    """How many documents the split's rows are: distinct ids (a classifier's chunks), or what the task recorded
+    (causal_lm's blocks hold pieces of many documents)."""
+    if "id" in dataset.column_names:
+        return len(set(dataset["id"][:]))
+    return int(prepared.info.get("documents", {}).get(split, 0))
 
 
 def _test_set(prepared: Any, documents: int) -> str:
@@ -69,7 +78,7 @@ def _check_vocabulary(model: Any, ckpt: Path, cfg: Config, prepared: Any, datase
 
     model_io.check_same_vocabulary(ckpt, cfg.run_dir, prepared.tokenizer_dir)
     tok = build.load_tokenizer(prepared.tokenizer_dir, cfg.model.from_scratch)
-    build.check_fit(model, tok, dataset, cfg.tokenize.max_length, f"checkpoint {ckpt}")
+    build.check_fit(model, tok, dataset, prepared.info.get("block_size") or cfg.tokenize.max_length, f"checkpoint {ckpt}")
 
 
 def _onnx_cache(ckpt: Path, model: Any, precision: str, runtime: str) -> Path | None:
@@ -118,11 +127,18 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
         "onnx_export": None if runtime == "torch" else {"dir": str(onnx_dir) if onnx_dir else None, "reused": reused},
         "attention": backends.attention_of(model) if runtime == "torch" else "fused (onnxruntime Attention)",
         "batch_size": cfg.eval.batch_size,
-        "test_set": _test_set(prepared, len(set(dataset["id"][:]))) if cfg.eval.split == "test" else None,
+        "test_set": _test_set(prepared, _documents(prepared, dataset, cfg.eval.split)) if cfg.eval.split == "test" else None,
         "data_fingerprint": prepared.fingerprint, "training_data_fingerprint": trained_on, "output_dir": str(out), "versions": artifacts.library_versions(),
     }
+    from pipeline.training import build
+
+    samples = task.samples(model, build.load_tokenizer(prepared.tokenizer_dir, cfg.model.from_scratch), cfg,
+                           metrics["step"]) if task.samples is not None else []
     with artifacts.atomic_dir(out, replace=True) as tmp:  # never a half-written report
         artifacts.write_json_atomic(tmp / "metrics.json", metrics)
         task.write_report(tmp, metrics, logits, dataset, cfg.eval)
+        if samples:
+            artifacts.write_text_atomic(tmp / "samples.jsonl", "".join(json.dumps(x, ensure_ascii=False) + "\n"
+                                                                        for x in samples))
     accelerator.end_training()
     return metrics

@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 
-from pipeline import allocator
+from pipeline import allocator, artifacts
 from pipeline.config import Config
 from pipeline.training import batching, checkpoint, rundir, signals
 from pipeline.training.setup import Setup, prepare_run
@@ -262,6 +262,22 @@ def _evaluate(s: Setup, st: TrainState) -> None:
     st.best.offer(m[st.best.metric], st.step)
     s.log.write({"step": st.step, "eval": m})
     s.acc.log({f"eval/{k}": v for k, v in m.items() if k != "examples"}, step=st.step)
+    if s.task.samples is not None and s.acc.is_main_process:
+        _write_samples(s, st.step, s.task.samples(s.acc.unwrap_model(s.model), s.tok, s.cfg, st.step))
+
+
+def _write_samples(s: Setup, step: int, samples: list[dict]) -> None:
+    """run/samples/step-N.jsonl (a step redone after a resume writes the same file again) and TensorBoard text."""
+    import json
+
+    if not samples:
+        return
+    artifacts.write_text_atomic(s.cfg.run_dir / "samples" / f"step-{step:07d}.jsonl",
+                                "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in samples))
+    writer = s.acc.get_tracker("tensorboard", unwrap=True)
+    if hasattr(writer, "add_text"):
+        for k, x in enumerate(samples):
+            writer.add_text(f"samples/{k}", "    " + x["text"].replace("\n", "\n    "), step)  # markdown: verbatim
 
 
 def _save(s: Setup, st: TrainState) -> None:

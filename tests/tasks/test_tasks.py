@@ -30,9 +30,9 @@ def test_metric_for_best_is_one_of_the_tasks_metrics():
 
 
 def test_every_field_of_the_contract_is_filled_by_every_task():
-    """Every field without a default (the optional ones, outputs and loss_tokens, have None as theirs)."""
+    """Every field without a default (the optional ones, outputs, loss_tokens and samples, have None as theirs)."""
     names = [f.name for f in dataclasses.fields(Task) if f.default is dataclasses.MISSING]
-    assert [f.name for f in dataclasses.fields(Task) if f.name not in names] == ["outputs", "loss_tokens"]
+    assert [f.name for f in dataclasses.fields(Task) if f.name not in names] == ["outputs", "loss_tokens", "samples"]
     for name, task in tasks.TASKS.items():
         assert task.name == name
         assert all(getattr(task, f) is not None for f in names), name

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pipeline.data.engines.base import Stage
 from pipeline.task import Task
-from pipeline.tasks.causal_lm import collate, model, pack, score
+from pipeline.tasks.causal_lm import collate, model, pack, sample, score
 
 METRICS = {"perplexity": False, "bits_per_byte": False, "loss": False}  # lower is better, all three
 
@@ -18,7 +18,8 @@ def stages(cfg, tokenize: Stage) -> list[Stage]:
 
 def data_info(manifests: dict) -> dict:
     stats = manifests["tokenize"]["stats"]
-    return {"block_size": stats["block_size"], "boundaries": stats["boundaries"], "eos_id": stats["eos_id"]}
+    return {"block_size": stats["block_size"], "boundaries": stats["boundaries"], "eos_id": stats["eos_id"],
+            "documents": {s: stats[s]["documents"] for s in ("train", "validation", "test")}}
 
 
 def validate(cfg) -> None:
@@ -57,4 +58,5 @@ TASK = Task(
     summary=score.summary,
     outputs=collate.row_losses,
     loss_tokens=collate.loss_tokens,
+    samples=sample.samples,
 )

@@ -4,6 +4,7 @@ micro-batches (gradient accumulation), and a resumed run equals one that never s
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import shutil
 from pathlib import Path
@@ -51,8 +52,8 @@ def lm_config(tmp_path_factory) -> Path:
     return config
 
 
-def _train(config: Path, out: Path, **train_overrides) -> dict[str, torch.Tensor]:
-    cfg = load_config(config, [f"output_dir={out}"] + [f"train.{k}={v}" for k, v in train_overrides.items()])
+def _train(config: Path, out: Path, *extra: str, **train_overrides) -> dict[str, torch.Tensor]:
+    cfg = load_config(config, [f"output_dir={out}", *extra] + [f"train.{k}={v}" for k, v in train_overrides.items()])
     data = Path(load_config(config).output_dir) / "data"
     if not (out / "data").exists():
         out.mkdir(parents=True, exist_ok=True)
@@ -87,13 +88,31 @@ def test_a_batch_of_8_equals_4_micro_batches_of_2(lm_config, tmp_path, monkeypat
 
 
 def test_a_run_resumed_from_its_step_checkpoint_equals_the_run_that_never_stopped(lm_config, tmp_path):
-    straight = _train(lm_config, tmp_path / "run", max_steps=6, save_every=3, keep_last=5, save_at_epoch_end=False)
+    """With validation and sampling at step 3 and 6 (sampling forks the RNG: it never moves training's)."""
+    straight = _train(lm_config, tmp_path / "run", "model.dropout=0.1", max_steps=6, save_every=3, keep_last=5,
+                      save_at_epoch_end=False, eval_every=3)
+    samples = tmp_path / "run" / "run" / "samples"
+    assert sorted(p.name for p in samples.iterdir()) == ["step-0000003.jsonl", "step-0000006.jsonl"]
+    line = json.loads((samples / "step-0000006.jsonl").read_text(encoding="utf-8"))
+    assert line["prompt"] == "w1" and line["text"].startswith("w1") and line["step"] == 6
     ckpts = tmp_path / "run" / "run" / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-0000003", "step-0000006"]
     shutil.rmtree(ckpts / "step-0000006")  # as if the process had died after step 3's checkpoint
     shutil.rmtree(tmp_path / "run" / "run" / "final")
     cfg = load_config(lm_config, [f"output_dir={tmp_path / 'run'}", "train.max_steps=6", "train.save_every=3",
-                                  "train.keep_last=5", "train.save_at_epoch_end=false"])
+                                  "train.keep_last=5", "train.save_at_epoch_end=false",
+                                  "train.eval_every=3", "model.dropout=0.1"])
     assert train(cfg, str(lm_config), resume="auto") == signals.EXIT_OK
     resumed = load_file(str(tmp_path / "run" / "run" / "final" / "model.safetensors"))
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+def test_sampling_at_validation_never_changes_what_is_trained(lm_config, tmp_path):
+    """Sampling draws from its own seeded RNG (fork_rng): a run that samples trains the same weights, with
+    dropout on, as one that does not."""
+    common = ("model.dropout=0.1",)
+    quiet = _train(lm_config, tmp_path / "quiet", *common, "lm.sample_tokens=0", max_steps=4, eval_every=2)
+    sampled = _train(lm_config, tmp_path / "sampled", *common, max_steps=4, eval_every=2)
+    assert (tmp_path / "sampled" / "run" / "samples" / "step-0000002.jsonl").is_file()
+    assert not (tmp_path / "quiet" / "run" / "samples").exists()
+    assert all(torch.equal(quiet[k], sampled[k]) for k in quiet)
