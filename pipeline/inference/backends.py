@@ -58,8 +58,9 @@ def attention_of(model: Any) -> str:
 def for_inference(model: Any, precision: str, device: Any, runtime: str = "torch",
                   onnx_dir: Any = None, scratch: Any = None) -> Any:
     """The model to run `precision` with: the model itself (fp32, bf16), an int8 copy, or (runtime
-    onnxruntime) an ONNX Runtime session over its export, cached in `onnx_dir` when given, else
-    exported into a temporary folder under `scratch` (onnx_export.session_for)."""
+    onnxruntime) an ONNX Runtime session over its export, cached in `onnx_dir` when given, else made
+    from the run's template under `scratch` (validation: onnx_template), else exported in a temporary
+    folder (onnx_export.session_for)."""
     if precision not in PRECISIONS:
         raise ValueError(f"eval.precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
     if runtime not in RUNTIMES:

@@ -21,8 +21,9 @@ Where the export lives: evaluate.py keeps it beside the checkpoint, `<checkpoint
 key = the checkpoint manifest's sha256 of every file + the model config + precision + package
 versions, so a second evaluate.py loads it (no export) and changed weights get a new folder.
 Checkpoint rotation removes dot-folders under checkpoints/, so it clears those caches too; they are
-only ever re-exported. Validation during training exports per validation (the weights change) into
-a temporary folder in the run directory, removed once the session has loaded it.
+only ever re-exported. Validation during training exports once per run and then only puts the new
+weights into that fused graph (and quantizes it again for int8): onnx_template.py; each validation's
+model.onnx is made in a temporary folder in the run directory, removed once the session has loaded it.
 """
 
 from __future__ import annotations
@@ -232,16 +233,23 @@ class OrtClassifier:
 
 
 def session_for(model: Any, precision: str, onnx_dir: Path | None = None, scratch: Path | None = None) -> OrtClassifier:
-    """The ORT classifier of `model` at `precision`: from/into the cache folder `onnx_dir`, else exported
-    into a temporary folder under `scratch` (tempfile's default when None) that is gone once loaded."""
+    """The ORT classifier of `model` at `precision`: from/into the cache folder `onnx_dir`; else, with `scratch`
+    (validation: the run directory), the run's template (onnx_template: exported once per run, these weights
+    put in) made into a temporary folder under `scratch`; else exported in full into a temporary folder of
+    tempfile's. The temporary folder is gone once the session has loaded it."""
     check_exportable(model)
     names = input_names(model)
     if onnx_dir is not None:
         path, reused = cached(model, precision, Path(onnx_dir))
         return OrtClassifier(path, model.config, names, reused)
+    if scratch is not None:
+        from pipeline.inference import onnx_template
+
+        with scratch_dir(Path(scratch)) as tmp:
+            path, reused = onnx_template.model_file(model, precision, Path(scratch), tmp)
+            return OrtClassifier(path, model.config, names, reused)
     import tempfile
 
-    parent = Path(scratch) if scratch is not None else Path(tempfile.gettempdir())
-    with scratch_dir(parent) as tmp:
+    with scratch_dir(Path(tempfile.gettempdir())) as tmp:
         export(model, precision, tmp)
         return OrtClassifier(tmp / MODEL_FILE, model.config, names, reused=False)

@@ -7,7 +7,9 @@ made of, on this machine and this data:
     optimizer state and every RNG are restored afterwards, so the run that follows is exactly the
     run `train.max_steps=N` would be (a test compares them);
   - a validation: `evaluate` (eval.precision included) on a length-stratified sample of the
-    validation split, scaled to its size; the per-call cost (int8 quantizes a copy) counted once;
+    validation split, scaled to its size; the per-call cost (int8 quantizes a copy; eval.runtime=onnxruntime
+    puts the weights into the run's exported graph, + int8 quantization) counted once. ONNX Runtime's
+    one full export per run (onnx_template) is made before that, so it is part of setup's time;
   - a checkpoint: writing, fsyncing and hashing the weights once, x3 (AdamW's two moments are as
     large as the weights); the final export x1.
 `plan_steps` takes the largest N whose cost fits the time left (less MARGIN), at most the steps the
@@ -183,22 +185,37 @@ def _validation_seconds(s: Any) -> float:
     precision = precision_of(s.cfg.eval)
     # warm-up, untimed: the metric modules load once per process, not once per validation
     evaluate(s.acc, s.model, s.val_ds.select(rows[:1]), 1, s.task, s.data_info, precision)
-    start = time.perf_counter()
-    runtime, scratch = s.cfg.eval.runtime, s.cfg.run_dir
-    # int8: the copy each validation makes; onnxruntime: the export each validation makes
-    for_inference(s.acc.unwrap_model(s.model), precision, s.acc.device, runtime, scratch=scratch)
-    fixed = time.perf_counter() - start
+    runtime, scratch, model = s.cfg.eval.runtime, s.cfg.run_dir, s.acc.unwrap_model(s.model)
+    if runtime == "onnxruntime":
+        from pipeline.inference import onnx_template
+
+        # the run's one export (its template) is made here, untimed (setup's time); then what every validation
+        # pays: these weights put into it (+ int8 quantization) and the session loaded
+        fixed = onnx_template.replay_seconds(model, precision, scratch)
+        # what evaluate pays before predicting depends on these weights (a full export where two tensors are
+        # equal, as at initialisation, never after a step): a one-row validation's time is taken off instead
+        start = time.perf_counter()
+        evaluate(s.acc, s.model, s.val_ds.select(rows[:1]), 1, s.task, s.data_info, precision, runtime, scratch)
+        before = time.perf_counter() - start
+    else:
+        start = time.perf_counter()
+        for_inference(model, precision, s.acc.device, runtime, scratch=scratch)  # int8: the copy each validation makes
+        fixed = before = time.perf_counter() - start
     start = time.perf_counter()
     evaluate(s.acc, s.model, s.val_ds.select(rows), s.cfg.eval.batch_size, s.task, s.data_info, precision, runtime,
              scratch)
-    return fixed + max(time.perf_counter() - start - fixed, 0.0) * n / len(rows)
+    return fixed + max(time.perf_counter() - start - before, 0.0) * n / len(rows)
 
 
 def _write_seconds(s: Any) -> tuple[float, float]:
     """(checkpoint, export) seconds, from writing + fsyncing + hashing the weights once in the run dir."""
     from safetensors.torch import save_file
 
-    weights = {k: v.detach().contiguous().cpu() for k, v in s.acc.unwrap_model(s.model).state_dict().items()}
+    weights, seen = {}, set()
+    for k, v in s.acc.unwrap_model(s.model).state_dict().items():  # tied weights (GPT-2's lm_head) saved once,
+        if v.untyped_storage().data_ptr() not in seen:             # as checkpoints save them
+            seen.add(v.untyped_storage().data_ptr())
+            weights[k] = v.detach().contiguous().cpu()
     s.run_dir.mkdir(parents=True, exist_ok=True)
     path = s.run_dir / ".budget-probe.safetensors"
     start = time.perf_counter()

@@ -18,8 +18,9 @@ def evaluate(acc, model, ds, batch_size: int, task, info: dict, precision: str =
 
     `precision` is eval.precision (backends.precision_of): int8 scores a quantized copy, as
     evaluate.py would, and leaves the training model untouched. `runtime` is eval.runtime:
-    onnxruntime exports these weights into a temporary folder under `scratch` (the run directory),
-    removed once loaded."""
+    onnxruntime puts these weights into the run's exported graph (exported once per run, kept under
+    `scratch`, the run directory: inference/onnx_template.py) in a temporary folder there, removed once
+    loaded; the scores are those of a full export of these weights."""
     was_training = model.training
     # unwrap_model keeps accelerate's autocast wrapper: fp32 validation runs in the precision training does
     logits = predict_logits(acc.unwrap_model(model), ds, batch_size, acc, precision, progress=False,

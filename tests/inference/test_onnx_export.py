@@ -1,7 +1,9 @@
 """eval.runtime=onnxruntime: the ONNX export matches torch, int8 keeps the predictions, the cache is
-reused and invalidated by the weights, a failed export leaves nothing behind, and the config and
-model checks are one clear line. Exports are slow-ish (~5-15 s each on 2 loaded cores), so tests
-share them where they can."""
+reused and invalidated by the weights, a failed export leaves nothing behind, validation exports once
+per run and scores exactly what a full export does, and the config and model checks are one clear
+line. Exports are slow-ish (~5-15 s each on 2 loaded cores), so tests share them where they can."""
+
+import json
 
 import datasets
 import numpy as np
@@ -13,7 +15,7 @@ from transformers import AutoModelForSequenceClassification, BertConfig, BertFor
 
 from pipeline import artifacts
 from pipeline.config import ConfigError, load_config
-from pipeline.inference import backends, onnx_export, predict
+from pipeline.inference import backends, onnx_export, onnx_template, predict
 from pipeline.tasks import classification as _classification
 from pipeline.training import checkpoint
 
@@ -184,7 +186,109 @@ def test_validation_exports_into_the_run_dir_and_cleans_up(world):
     want = evaluate(ACC, model, ds, 4, CLASSIFICATION, {"label_names": world.label_names}, "fp32")
     assert model.training and model.config._attn_implementation != "eager"  # the training model is untouched
     assert got["loss"] == pytest.approx(want["loss"], abs=1e-5) and got["accuracy"] == want["accuracy"]
-    assert not [p.name for p in world.run_dir.iterdir() if "onnx" in p.name]  # no export left behind
+    # no export left behind: only the run's template (onnx_template), complete, in run/.onnx/
+    assert [p.name for p in world.run_dir.iterdir() if "onnx" in p.name] == [".onnx"]
+    [template] = (world.run_dir / ".onnx").iterdir()
+    assert template.name.startswith(onnx_template.PREFIX) and artifacts.check_files(template) is None
+    assert sorted(p.name for p in template.iterdir()) == [artifacts.MANIFEST, onnx_template.RECIPE, onnx_template.TEMPLATE]
+
+
+@pytest.fixture
+def traced(monkeypatch):
+    """The number of TorchScript exports made (onnx_export._export_torch calls: a full export's, a probe's)."""
+    calls = []
+    real = onnx_export._export_torch
+
+    def export_torch(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(onnx_export, "_export_torch", export_torch)
+    return calls
+
+
+def _nudge(model, generator):
+    """New weights, as a training step leaves them (every parameter moves)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator), alpha=0.05)
+    model.train()
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp32"])
+def test_validation_exports_once_per_run_and_scores_exactly_as_a_full_export(world, tmp_path, counted, traced,
+                                                                            precision):
+    """Issue 23: validation on ONNX Runtime exported, fused and quantized the model again at every validation
+    (30 steps, validation every 2: 320 s). Now a run exports its graph once (two probes with random weights
+    learn how its weight tensors are made); each validation only puts the weights in (+ int8 quantization)
+    and scores exactly what a full export of the same weights scores, at every step."""
+    from pipeline.training.evaluation import evaluate
+
+    model, ds, info = _final(world), _test_split(world), {"label_names": world.label_names}
+    run, generator, losses = tmp_path / "run", torch.Generator().manual_seed(0), []
+    for validation in range(4):
+        if validation:  # the first one scores the untrained model: LayerNorm ones, zero biases
+            _nudge(model, generator)
+        model.train()
+        exports, traces = len(counted), len(traced)
+        got = evaluate(ACC, model, ds, 4, CLASSIFICATION, info, precision, "onnxruntime", run)
+        if validation == 0:  # the two probes, and a full export: the exporter merges the equal tensors
+            assert (len(counted) - exports, len(traced) - traces) == (1, 3)
+        else:  # neither a full export nor a TorchScript trace
+            assert (len(counted) - exports, len(traced) - traces) == (0, 0)
+        fresh = evaluate(ACC, model, ds, 4, CLASSIFICATION, info, precision, "onnxruntime")  # a full export
+        assert got == fresh  # every metric, number for number
+        np.testing.assert_array_equal(
+            predict.predict_logits(model, ds, 4, ACC, precision, progress=False, runtime="onnxruntime", scratch=run),
+            predict.predict_logits(model, ds, 4, ACC, precision, progress=False, runtime="onnxruntime"))
+        losses.append(got["loss"])
+    assert len(set(losses)) == 4  # each validation scored its own weights
+    # the graph itself: byte for byte what a full export of these weights writes
+    replayed, full = tmp_path / "replayed", tmp_path / "full"
+    replayed.mkdir(), full.mkdir()
+    path, reused = onnx_template.model_file(model, precision, run, replayed)
+    onnx_export.export(model, precision, full)
+    assert reused and path.read_bytes() == (full / onnx_export.MODEL_FILE).read_bytes()
+
+
+def test_a_validation_template_that_does_not_match_its_manifest_is_built_again_never_used(world, tmp_path, counted,
+                                                                                          traced, capsys):
+    from pipeline.training.evaluation import evaluate
+
+    model, ds, info = _final(world), _test_split(world), {"label_names": world.label_names}
+    run = tmp_path / "run"
+    _nudge(model, torch.Generator().manual_seed(1))
+    evaluate(ACC, model, ds, 4, CLASSIFICATION, info, "int8", "onnxruntime", run)
+    assert counted == [] and len(traced) == 2  # the template's two probes
+    folder = onnx_template.folder_for(model, run)
+    recipe = artifacts.read_json(folder / onnx_template.RECIPE)
+    some = next(iter(recipe["initializers"]))
+    recipe["initializers"][some]["parts"][0][1] ^= True  # a recipe that would score other weights
+    (folder / onnx_template.RECIPE).write_text(json.dumps(recipe))
+    _nudge(model, torch.Generator().manual_seed(2))
+    capsys.readouterr()
+    got = evaluate(ACC, model, ds, 4, CLASSIFICATION, info, "int8", "onnxruntime", run)
+    assert len(traced) == 4  # built again
+    assert f"warning: the ONNX validation template {folder} does not match its manifest (" in capsys.readouterr().err
+    assert artifacts.check_files(folder) is None  # whole again
+    assert got == evaluate(ACC, model, ds, 4, CLASSIFICATION, info, "int8", "onnxruntime")
+
+
+def test_a_model_whose_export_cannot_be_replayed_is_exported_at_every_validation(world, tmp_path, counted, capsys,
+                                                                                 monkeypatch):
+    from pipeline.training.evaluation import evaluate
+
+    monkeypatch.setattr(onnx_template, "derive", lambda *_: (None, "its tensor X is made some other way"))
+    model, ds, info = _final(world), _test_split(world), {"label_names": world.label_names}
+    run = tmp_path / "run"
+    _nudge(model, torch.Generator().manual_seed(1))
+    evaluate(ACC, model, ds, 4, CLASSIFICATION, info, "fp32", "onnxruntime", run)
+    assert "every validation exports the model anew (its tensor X is made some other way)" in capsys.readouterr().err
+    _nudge(model, torch.Generator().manual_seed(2))
+    got = evaluate(ACC, model, ds, 4, CLASSIFICATION, info, "fp32", "onnxruntime", run)
+    assert counted == ["fp32", "fp32"]  # each validation exported in full, as before the template
+    assert artifacts.read_json(onnx_template.folder_for(model, run) / artifacts.MANIFEST)["reusable"] is False
+    assert got == evaluate(ACC, model, ds, 4, CLASSIFICATION, info, "fp32", "onnxruntime")
 
 
 def test_config_and_model_errors_are_one_line_naming_eval_runtime():

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 from trainkit import clone_prepared, records, run_dir, trajectory
 
+from pipeline import artifacts
 from pipeline.config import load_config
 from pipeline.training import budget, checkpoint, signals
 from pipeline.training.loop import train
@@ -105,6 +106,42 @@ def test_a_budget_run_stores_its_step_count_and_a_resume_keeps_it(prepared, fres
         in capsys.readouterr().out
     assert len(seen) == 1 and trajectory(run) == before
     assert json.loads((run / "final" / "state.json").read_text())["step"] == n
+
+
+def test_a_budget_run_on_onnxruntime_exports_in_setup_and_its_validations_export_nothing(prepared, fresh_accelerate,
+                                                                                         monkeypatch):
+    """Issue 23: the budget counted an export per validation, and every validation made one. Now the run's
+    graph is exported in setup (the measurement builds the template) and each validation only puts the
+    weights in: no TorchScript export after setup."""
+    pytest.importorskip("onnxruntime")
+    from pipeline.inference import onnx_export, onnx_template
+
+    traced, at_setup = [], []
+    real_export, real_measure = onnx_export._export_torch, budget.measure
+
+    def export_torch(*args, **kwargs):
+        traced.append(1)
+        return real_export(*args, **kwargs)
+
+    def measure(s):
+        costs = real_measure(s)
+        at_setup.append((len(traced), costs))
+        return costs
+
+    monkeypatch.setattr(onnx_export, "_export_torch", export_torch)
+    monkeypatch.setattr(budget, "measure", measure)
+    config = prepared(train={"max_steps": 6, "eval_every": 2, "save_every": 0})
+    cfg = load_config(config, ["train.max_minutes=30", "eval.runtime=onnxruntime", "eval.precision=int8"])
+    assert train(cfg, str(config)) == signals.EXIT_OK
+    [(setup_traces, costs)] = at_setup
+    # the template's two probes; the untrained model's equal tensors (LayerNorm ones, zero biases) make the
+    # measurement's two validations full exports
+    assert setup_traces == 4 and costs.validation > 0
+    assert len(traced) == setup_traces  # validations at steps 2, 4, 6: the weights put in, nothing exported
+    run = run_dir(config)
+    assert [r["step"] for r in records(run, "eval")] == [2, 4, 6]
+    [template] = (run / ".onnx").glob(f"{onnx_template.PREFIX}*")
+    assert artifacts.check_files(template) is None and not list(run.glob(".onnx-export.tmp-*"))
 
 
 def test_a_budget_too_small_for_one_step_is_one_clear_error(prepared, fresh_accelerate):
