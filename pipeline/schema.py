@@ -223,7 +223,7 @@ class LMConfig:
     boundaries: str = opt("document", "task=causal_lm: `document`: positions restart at each document and no token "
                           "attends to another document's (exact, as if each were alone); `none`: plain "
                           "concatenation, as transformers' run_clm", ("document", "none"))
-    prompts: list = opt(["**ROMEO**\n", "**KING HENRY**\nNow"], "task=causal_lm: prompts sampled from at each "
+    prompts: list = opt(["The"], "task=causal_lm: prompts sampled from at each "
                         "validation and by evaluate.py (TensorBoard text and samples.jsonl)")
     sample_tokens: int = opt(80, "task=causal_lm: new tokens per sample", bounds="[0, inf)")
     sample_temperature: float = opt(0.8, "task=causal_lm: sampling temperature (0 = greedy)", bounds="[0, inf)")

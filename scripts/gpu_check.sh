@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check of the checkpoint format (issue 11). Not run yet: no GPU machine was lent to the session
-# that wrote it. Under 8 minutes on one GPU (estimate: prepare ~2 min, the runs ~3 min side by side).
+# that wrote it. About 10 minutes on one GPU (estimate: prepare ~2 min, the runs ~5 min side by side).
 # Its kill/resume/compare plumbing was dry-run on CPU (configs/tiny.yaml, one variant in fp32, no
 # FSDP, no loader part): 120 steps, killed after 70, resumed from step 40, == (113 s).
 #
@@ -10,7 +10,8 @@
 # For each of fp16, bf16 (one process, python pipeline/train.py) and FSDP2 (accelerate launch with
 # configs/accelerate/fsdp.yaml on 1 process, bf16): an uninterrupted run of the default config
 # (MiniLM, 120 steps, a checkpoint every 40) and, beside it, a run SIGKILLed after step 70 and resumed
-# with --resume auto. Per-step loss/lr/grad-norm and final weights must be equal (==); the table
+# with --resume auto. The same for task=causal_lm (configs/shakespeare.yaml, the GPT-2 on the plays)
+# in fp16 and bf16: lm-fp16, lm-bf16. Per-step loss/lr/grad-norm and final weights must be equal (==); the table
 # gives the largest difference where they are not. Then the loader: batches per second of the
 # train split copied to the GPU with pin_memory + non_blocking (what training does on a GPU) and
 # with neither. Results: $OUT/gpu_check.md (also printed). Exit 1 if any run differs.
@@ -25,22 +26,24 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 start=$(date +%s)
 
 python pipeline/prepare.py --config configs/default.yaml --quiet --num-proc 8 output_dir="$OUT/base" > "$OUT/prepare.log" 2>&1
+python pipeline/prepare.py --config configs/shakespeare.yaml --quiet output_dir="$OUT/lmbase" >> "$OUT/prepare.log" 2>&1
 
 # variant -> launcher prefix and overrides
 launcher() {
   case $1 in
-    fp16) echo "python pipeline/train.py";;
-    bf16) echo "python pipeline/train.py";;
+    fp16|bf16|lm-fp16|lm-bf16) echo "python pipeline/train.py";;
     fsdp2) echo "accelerate launch --config_file configs/accelerate/fsdp.yaml --num_processes 1 pipeline/train.py";;
   esac
 }
-precision() { case $1 in fp16) echo train.mixed_precision=fp16;; bf16) echo train.mixed_precision=bf16;; fsdp2) echo;; esac; }
+precision() { case $1 in *fp16) echo train.mixed_precision=fp16;; *bf16) echo train.mixed_precision=bf16;; fsdp2) echo;; esac; }
+config_of() { case $1 in lm-*) echo configs/shakespeare.yaml;; *) echo configs/default.yaml;; esac; }
+base_of() { case $1 in lm-*) echo "$OUT/lmbase";; *) echo "$OUT/base";; esac; }
 
 run() {  # run VARIANT NAME [extra args...]: one training run in $OUT/VARIANT-NAME, sharing base's prepared data
   local v=$1 name=$2; shift 2
   local dir="$OUT/$v-$name"
-  mkdir -p "$dir" && ln -sfn "$(realpath "$OUT/base/data")" "$dir/data"
-  $(launcher "$v") --config configs/default.yaml output_dir="$dir" "${COMMON[@]}" $(precision "$v") "$@" \
+  mkdir -p "$dir" && ln -sfn "$(realpath "$(base_of "$v")/data")" "$dir/data"
+  $(launcher "$v") --config "$(config_of "$v")" output_dir="$dir" "${COMMON[@]}" $(precision "$v") "$@" \
     >> "$dir/train.log" 2>&1
 }
 
@@ -72,7 +75,7 @@ killed_chain() {  # start, SIGKILL the whole process tree once step KILL_AFTER i
   run "$v" resumed --resume auto
 }
 
-for v in fp16 bf16 fsdp2; do
+for v in fp16 bf16 fsdp2 lm-fp16 lm-bf16; do
   run "$v" ref &
   killed_chain "$v" &
 done
@@ -92,7 +95,7 @@ def rows(d):
 print("| variant | steps | resumed from | losses == | max loss diff | weights == | max weight diff |")
 print("|---|---|---|---|---|---|---|")
 bad = False
-for v in ("fp16", "bf16", "fsdp2"):
+for v in ("fp16", "bf16", "fsdp2", "lm-fp16", "lm-bf16"):
     ref, res = out / f"{v}-ref", out / f"{v}-resumed"
     a, b = rows(ref), rows(res)
     wa, wb = load_file(str(ref / "run/final/model.safetensors")), load_file(str(res / "run/final/model.safetensors"))

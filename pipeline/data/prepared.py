@@ -11,7 +11,7 @@ from pipeline import artifacts
 from pipeline.config import Config, override_args
 
 # what the prepared data depends on (model: the pretrained tokenizer's name), and where it goes
-DATA_SECTIONS = ("output_dir", "task", "source", "clean", "dedup", "split", "label", "tokenize", "model")
+DATA_SECTIONS = ("output_dir", "task", "source", "clean", "dedup", "split", "label", "tokenize", "lm", "model")
 
 
 def prepare_command(cfg: Config, config_path: str) -> str:

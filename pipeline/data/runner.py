@@ -99,11 +99,9 @@ def code_fingerprint(fn: Callable, root: Path = PACKAGE_ROOT) -> str:
 
 
 def data_config_fingerprint(cfg: Config) -> str:
-    """Fingerprint of every setting that shapes the prepared data (not the source bytes)."""
-    tok = pretrained_tokenizer_name(cfg) if cfg.tokenize.kind == "pretrained" else ""
-    return artifacts.fingerprint(
-        _config_dicts((cfg.source, cfg.clean, cfg.dedup, cfg.split, cfg.label, cfg.tokenize)), tok, cfg.task
-    )
+    """Fingerprint of every setting that shapes the prepared data (not the source bytes): each stage's settings as
+    its own fingerprint takes them, so a task's keys count (causal_lm's lm.block_size) and no other key does."""
+    return artifacts.fingerprint([_config_dicts(stage.config) for stage in stage_table(cfg)], cfg.task)
 
 
 NOT_IN_FINGERPRINT = ("num_proc",)  # how a stage runs, not what it produces (same output, tested); the

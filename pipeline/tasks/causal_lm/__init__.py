@@ -13,7 +13,7 @@ METRICS = {"perplexity": False, "bits_per_byte": False, "loss": False}  # lower 
 
 def stages(cfg, tokenize: Stage) -> list[Stage]:
     """One stage after split: tokenize (the shared tokenizer settings) and pack (lm.*)."""
-    return [Stage("tokenize", pack.tokenize_and_pack, pack.PackSection(tokenize.section, cfg.lm))]
+    return [Stage("tokenize", pack.tokenize_and_pack, pack.PackSection.of(tokenize.section, cfg.lm))]
 
 
 def data_info(manifests: dict) -> dict:

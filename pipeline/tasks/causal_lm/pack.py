@@ -23,10 +23,16 @@ from pipeline.schema import LMConfig, TokenizeConfig
 
 @dataclass(frozen=True)
 class PackSection:
-    """The stage's settings: the tokenizer's (the shared tokenize section) and the packing's (lm)."""
+    """The stage's settings, and so its fingerprint: the tokenizer's (the shared tokenize section) and the two
+    lm keys that decide the blocks (lm's sampling keys do not: changing a prompt prepares nothing again)."""
 
     tokenize: TokenizeConfig
-    lm: LMConfig
+    block_size: int
+    boundaries: str
+
+    @classmethod
+    def of(cls, tokenize: TokenizeConfig, lm: LMConfig) -> "PackSection":
+        return cls(tokenize, lm.block_size, lm.boundaries)
 
 
 def eos_id(tok: Any, folder) -> int:
@@ -83,7 +89,7 @@ def tokenize_and_pack(dd, section: PackSection, ctx: StageContext) -> StageResul
     saved alongside, as the shared tokenize stage saves it."""
     from datasets import Dataset, DatasetDict, Features, List, Value
 
-    cfg, lm = section.tokenize, section.lm
+    cfg = section.tokenize
     train_texts = column(dd["train"], TEXT) if cfg.kind != "pretrained" else []
     folder = ctx.out_dir / "tokenizer"
     tok = build_tokenizer(train_texts, cfg, cfg.pretrained, folder)
@@ -92,15 +98,15 @@ def tokenize_and_pack(dd, section: PackSection, ctx: StageContext) -> StageResul
     eos = eos_id(tok, folder)
     features = Features({"input_ids": List(Value("int32")), "position_ids": List(Value("int32")),
                          "length": Value("int64"), "bytes": Value("int64")})
-    result, stats = {}, {"kind": cfg.kind, "vocab_size": tok.get_vocab_size(), "block_size": lm.block_size,
-                         "boundaries": lm.boundaries, "eos_id": eos}
+    result, stats = {}, {"kind": cfg.kind, "vocab_size": tok.get_vocab_size(), "block_size": section.block_size,
+                         "boundaries": section.boundaries, "eos_id": eos}
     for s in SPLITS:
         texts = column(dd[s], TEXT)
         docs = [e.ids for e in tok.encode_batch(texts)] if texts else []
         doc_bytes = [len(t.encode("utf-8")) for t in texts]
-        blocks, positions = pack_ids(docs, eos, lm.block_size, lm.boundaries == "document")
+        blocks, positions = pack_ids(docs, eos, section.block_size, section.boundaries == "document")
         result[s] = Dataset.from_dict({"input_ids": blocks, "position_ids": positions, "length": [len(b) for b in blocks],
-                                       "bytes": block_bytes(docs, doc_bytes, lm.block_size)}, features=features)
+                                       "bytes": block_bytes(docs, doc_bytes, section.block_size)}, features=features)
         stats[s] = {"documents": len(docs), "tokens": sum(len(d) + 1 for d in docs), "blocks": len(blocks),
                     "bytes": sum(doc_bytes)}
     return StageResult(DatasetDict(result), {}, stats)

@@ -53,6 +53,10 @@ def lm_config(tmp_path_factory) -> Path:
 
 
 def _train(config: Path, out: Path, *extra: str, **train_overrides) -> dict[str, torch.Tensor]:
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # in-process runs: no settings leak between them
+    GradientState._reset_state()
     cfg = load_config(config, [f"output_dir={out}", *extra] + [f"train.{k}={v}" for k, v in train_overrides.items()])
     data = Path(load_config(config).output_dir) / "data"
     if not (out / "data").exists():
@@ -116,3 +120,54 @@ def test_sampling_at_validation_never_changes_what_is_trained(lm_config, tmp_pat
     assert (tmp_path / "sampled" / "run" / "samples" / "step-0000002.jsonl").is_file()
     assert not (tmp_path / "quiet" / "run" / "samples").exists()
     assert all(torch.equal(quiet[k], sampled[k]) for k in quiet)
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_with_the_same_global_batch(lm_config, tmp_path):
+    """2 gloo processes at batch 4 against 1 at batch 8 (dropout off): the ranks' blocks hold different numbers
+    of targets, so averaging the ranks' means would differ; the step's mean over all targets does not."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "training"))
+    from multikit import launch_two_processes, log_of, wait_all
+
+    one = _train(lm_config, tmp_path / "one", max_steps=3, batch_size=8)
+    two_dir = tmp_path / "two"
+    shutil.copytree(Path(load_config(lm_config).output_dir) / "data", two_dir / "data", symlinks=True)
+    config = two_dir / "config.yaml"
+    tree = yaml.safe_load(lm_config.read_text(encoding="utf-8"))
+    tree["output_dir"] = str(two_dir)
+    config.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    proc = launch_two_processes(config, "train.max_steps=3", "train.batch_size=4")
+    assert wait_all([proc], timeout=300) == [0], log_of(config, "multi")[-3000:]
+    two = load_file(str(two_dir / "run" / "final" / "model.safetensors"))
+    assert _max_diff(one, two) < 1e-5
+
+
+def test_a_time_budget_measures_a_model_with_tied_weights(lm_config, tmp_path):
+    """The budget's probe writes the weights once to time a checkpoint: GPT-2's tied lm_head made safetensors
+    refuse ("Some tensors share memory"), a traceback before the first step of configs/shakespeare.yaml."""
+    from pipeline.training import rundir
+
+    _train(lm_config, tmp_path / "budget", max_minutes=0.5, max_steps=2)
+    fixed = rundir.first_budget(tmp_path / "budget" / "run")
+    assert fixed["total_steps"] == 2 and fixed["measured_seconds"]["checkpoint"] > 0
+
+
+def test_the_final_export_is_a_text_generation_pipeline(lm_config, tmp_path):
+    from transformers import pipeline
+
+    _train(lm_config, tmp_path / "gen", max_steps=2)
+    generate = pipeline("text-generation", model=str(tmp_path / "gen" / "run" / "final"), device="cpu")
+    text = generate("w1 w2", max_new_tokens=5, do_sample=False)[0]["generated_text"]
+    assert text.startswith("w1 w2") and len(text) > len("w1 w2")
+
+
+def test_prepared_blocks_of_another_size_are_refused_and_a_new_prompt_prepares_nothing(lm_config):
+    from pipeline.data.prepared import load_prepared
+
+    with pytest.raises(ValueError, match="made with other data settings than this config"):
+        load_prepared(load_config(lm_config, ["lm.block_size=32"]))
+    assert load_prepared(load_config(lm_config, ["lm.prompts=[w7]", "lm.sample_tokens=9"])).info["block_size"] == 16
+    rows = runner.run(load_config(lm_config, ["lm.prompts=[w7]"]), progress=False)
+    assert all(r["cached"] for r in rows)
