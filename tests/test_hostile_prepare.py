@@ -370,7 +370,7 @@ def test_label_folders_empty_hidden_and_non_utf8_names(tmp_path, capfd):
     (root / odd / os.fsdecode(b"b\xff.txt")).write_text("bad", encoding="utf-8")
     rows = _load(root, format="folder").data.to_list()
     assert sorted((r["id"], r["label"]) for r in rows) == [("n\\xe9g/b\\xff.txt", "n\\xe9g"), ("pos/a.txt", "pos")]
-    warning = f"warning: {root / 'empty'} has no .txt files: class 'empty' gets no documents from it\n"
+    warning = f"warning: {root / 'empty'} has no *.txt files (source.glob): class 'empty' gets no documents from it\n"
     assert capfd.readouterr().err == warning
 
 

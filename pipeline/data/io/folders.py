@@ -30,12 +30,12 @@ def folder_files(path: Path, cfg: SourceConfig) -> list[tuple[str, str, Path]]:
                 raise ValueError(f"source.path: {odd} is not a regular file (a FIFO, device or socket); move it out "
                                  f"of the folder")
             if not found:  # a class that silently vanished would only show up as a worse model
-                print(f"warning: {label_dir} has no {cfg.glob} files: class '{_name(label_dir.name)}' gets no documents "
+                print(f"warning: {label_dir} has no {cfg.glob} files (source.glob): class '{_name(label_dir.name)}' gets no documents "
                       f"from it", file=sys.stderr)
             files += [(split_dir.name if split_dirs else "", label_dir.name, f) for f in found]
     if not files:
-        raise ValueError(f"source.path: {path} has no <label>/*.txt files; expected root/<label>/*.txt "
-                         f"or root/{{train,test}}/<label>/*.txt")
+        raise ValueError(f"source.path: {path} has no <label>/{cfg.glob} files (source.glob); expected root/<label>/{cfg.glob} "
+                         f"or root/{{train,test}}/<label>/{cfg.glob}")
     return files[: cfg.max_rows] if cfg.max_rows > 0 else files
 
 
