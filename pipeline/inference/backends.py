@@ -60,7 +60,7 @@ def for_inference(model: Any, precision: str, device: Any, runtime: str = "torch
     """The model to run `precision` with: the model itself (fp32, bf16), an int8 copy, or (runtime
     onnxruntime) an ONNX Runtime session over its export, cached in `onnx_dir` when given, else made
     from the run's template under `scratch` (validation: onnx_template), else exported in a temporary
-    folder (onnx_export.session_for)."""
+    folder (onnx_export.session_for, onnx_template.session)."""
     if precision not in PRECISIONS:
         raise ValueError(f"eval.precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
     if runtime not in RUNTIMES:
@@ -82,9 +82,13 @@ def _onnxruntime(model: Any, precision: str, device: Any, onnx_dir: Any, scratch
                          f"use eval.runtime=torch there")
     if precision not in ORT_PRECISIONS:
         raise ValueError(f"eval.runtime=onnxruntime runs eval.precision fp32 or int8, not {precision}")
+    if onnx_dir is None and scratch is not None:  # validation: the run's template, exported once per run
+        from pipeline.inference import onnx_template
+
+        return onnx_template.session(model, precision, scratch)
     from pipeline.inference import onnx_export
 
-    return onnx_export.session_for(model, precision, onnx_dir, scratch)
+    return onnx_export.session_for(model, precision, onnx_dir)
 
 
 def quantize_int8(model: Any) -> Any:

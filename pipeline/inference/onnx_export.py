@@ -232,22 +232,15 @@ class OrtClassifier:
         return SimpleNamespace(logits=torch.from_numpy(self.session.run(["logits"], feeds)[0]))  # (batch, labels)
 
 
-def session_for(model: Any, precision: str, onnx_dir: Path | None = None, scratch: Path | None = None) -> OrtClassifier:
-    """The ORT classifier of `model` at `precision`: from/into the cache folder `onnx_dir`; else, with `scratch`
-    (validation: the run directory), the run's template (onnx_template: exported once per run, these weights
-    put in) made into a temporary folder under `scratch`; else exported in full into a temporary folder of
-    tempfile's. The temporary folder is gone once the session has loaded it."""
+def session_for(model: Any, precision: str, onnx_dir: Path | None = None) -> OrtClassifier:
+    """The ORT classifier of `model` at `precision`: from/into the cache folder `onnx_dir`; else exported in
+    full into a temporary folder of tempfile's, gone once the session has loaded it (validation's sessions
+    come from the run's template instead: onnx_template.session)."""
     check_exportable(model)
     names = input_names(model)
     if onnx_dir is not None:
         path, reused = cached(model, precision, Path(onnx_dir))
         return OrtClassifier(path, model.config, names, reused)
-    if scratch is not None:
-        from pipeline.inference import onnx_template
-
-        with scratch_dir(Path(scratch)) as tmp:
-            path, reused = onnx_template.model_file(model, precision, Path(scratch), tmp)
-            return OrtClassifier(path, model.config, names, reused)
     import tempfile
 
     with scratch_dir(Path(tempfile.gettempdir())) as tmp:

@@ -307,3 +307,12 @@ def replay(model: Any, precision: str, folder: Path, tmp: Path, check: bool = Tr
         onnx_export._quantize(fused, tmp / onnx_export.MODEL_FILE)
         fused.unlink()
     return tmp / onnx_export.MODEL_FILE
+
+
+def session(model: Any, precision: str, scratch: Path) -> Any:
+    """The ORT classifier of `model` at `precision` for a validation: the run's template (exported once per run,
+    these weights put in) made into a temporary folder under `scratch` (the run directory), gone once loaded."""
+    onnx_export.check_exportable(model)
+    with onnx_export.scratch_dir(Path(scratch)) as tmp:
+        path, reused = model_file(model, precision, Path(scratch), tmp)
+        return onnx_export.OrtClassifier(path, model.config, onnx_export.input_names(model), reused)
