@@ -174,6 +174,8 @@ class TrainConfig:
     batch_size: int = opt(32, "examples per process per forward pass", bounds="[1, inf)")
     grad_accum: int = opt(1, "forward passes per optimizer step", bounds="[1, inf)")
     lr: float = opt(5e-5, "peak learning rate", bounds="(0, inf)")
+    init_from: str = opt("", "warm start: a checkpoint folder (a step checkpoint or a final/ export) whose weights a "
+                         "new run starts from, with a fresh optimizer and schedule at step 0; a resume ignores it")
     weight_decay: float = opt(0.01, "AdamW weight decay (never on biases and LayerNorm weights)", bounds="[0, inf)")
     warmup_ratio: float = opt(0.06, "fraction of steps with linear warmup", bounds="[0, 1)")
     min_lr_ratio: float = opt(0.1, "cosine decay ends at this fraction of the peak learning rate", bounds="[0, 1]")

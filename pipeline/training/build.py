@@ -118,3 +118,37 @@ def choose_precision(t: TrainConfig, has_gpu: bool) -> str:
 def describe(model: Any) -> str:
     n = sum(p.numel() for p in model.parameters())
     return f"{type(model).__name__} ({n / 1e6:.2f} M parameters)"
+
+
+def warm_start(model, folder: str) -> None:
+    """Load the weights of `folder` (a step checkpoint or a final/ export, verified against its manifest) into
+    `model`, which must have the same parameters; ties (GPT-2's lm_head) are kept. The optimizer is not touched:
+    the run starts from these weights with a fresh one (the chapter's warm start)."""
+    from safetensors.torch import load_file
+
+    from pipeline import artifacts
+
+    path = Path(folder).expanduser()
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"train.init_from: {path} holds no model.safetensors; point it at a step checkpoint "
+                                f"(run/checkpoints/step-N) or a final export (run/final)")
+    problem = artifacts.check_files(path, deep=True) if (path / artifacts.MANIFEST).is_file() else None
+    if problem:
+        raise ValueError(f"train.init_from: {path} {problem}; it cannot be trusted as a starting point")
+    state = load_file(str(weights))
+    own = model.state_dict()
+    wrong = [k for k, v in state.items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
+    unknown = [k for k in state if k not in own]
+    if wrong or unknown:
+        k = (wrong or unknown)[0]
+        what = f"has shape {tuple(state[k].shape)}, this model's {tuple(own[k].shape)}" if wrong else "is not in this model"
+        raise ValueError(f"train.init_from: {weights}: {k} {what}; start from a checkpoint of the same model and "
+                         f"vocabulary")
+    missing = set(own) - set(state)
+    model.load_state_dict(state, strict=False)
+    model.tie_weights()  # a checkpoint stores a tied tensor once
+    shared = {k for k in missing if any(own[k].data_ptr() == own[j].data_ptr() for j in state if j in own)}
+    if missing - shared:
+        raise ValueError(f"train.init_from: {weights} lacks {sorted(missing - shared)[0]} of this model; start from a "
+                         f"checkpoint of the same model")

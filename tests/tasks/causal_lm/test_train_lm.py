@@ -171,3 +171,32 @@ def test_prepared_blocks_of_another_size_are_refused_and_a_new_prompt_prepares_n
     assert load_prepared(load_config(lm_config, ["lm.prompts=[w7]", "lm.sample_tokens=9"])).info["block_size"] == 16
     rows = runner.run(load_config(lm_config, ["lm.prompts=[w7]"]), progress=False)
     assert all(r["cached"] for r in rows)
+
+
+@pytest.mark.parametrize("source", ["step-0000003", "final"])
+def test_a_warm_start_begins_at_step_0_from_the_checkpoints_weights_with_a_fresh_optimizer(lm_config, tmp_path, source):
+    from accelerate.state import AcceleratorState, GradientState
+
+    from pipeline.training.setup import prepare_run
+
+    first = _train(lm_config, tmp_path / "first", max_steps=3, save_every=3, save_at_epoch_end=False)
+    start = tmp_path / "first" / "run" / ("final" if source == "final" else f"checkpoints/{source}")
+    second = tmp_path / "second"
+    shutil.copytree(Path(load_config(lm_config).output_dir) / "data", second / "data", symlinks=True)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    s, st = prepare_run(load_config(lm_config, [f"output_dir={second}", f"train.init_from={start}"]), str(lm_config), None)
+    model = s.acc.unwrap_model(s.model)
+    weights = model.state_dict()
+    assert st.step == 0 and not s.optimizer.state  # a fresh optimizer: no moments
+    assert all(torch.equal(weights[k], first[k]) for k in first)
+    assert torch.equal(model.lm_head.weight, model.transformer.wte.weight)  # the tie the checkpoint stored once
+    s.acc.end_training()
+
+
+def test_a_warm_start_from_another_models_checkpoint_is_one_line(lm_config, tmp_path):
+    _train(lm_config, tmp_path / "wide", "model.hidden_size=48", max_steps=1)
+    with pytest.raises(ValueError, match=r"^train.init_from: .*model.safetensors: transformer.h.0.attn.c_attn.bias has "
+                                         r"shape \(144,\), this model's \(96,\); start from a checkpoint of the same "
+                                         r"model and vocabulary$"):
+        _train(lm_config, tmp_path / "narrow", f"train.init_from={tmp_path / 'wide' / 'run' / 'final'}", max_steps=1)
