@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from pipeline import artifacts, tasks
-from pipeline.config import Config
+from pipeline.config import Config, TrainConfig
 from pipeline.inference import padding
 from pipeline.training import batching, budget, build, checkpoint, rundir
 from pipeline.training.state_io import Best, TrainState
@@ -19,7 +19,8 @@ from pipeline.training.state_io import Best, TrainState
 # train settings that do not change the sequence of updates: free to change on resume
 FREE_ON_RESUME = {"epochs", "max_steps", "eval_every", "save_every", "save_at_epoch_end", "keep_last", "keep_best",
                   "log_every", "metric_for_best", "nan_policy", "max_nan_in_a_row", "num_workers", "allow_slow_bf16",
-                  "collective_timeout_s", "detect_anomaly", "max_minutes"}  # a budget's steps are kept on resume
+                  "collective_timeout_s", "detect_anomaly", "max_minutes",  # a budget's steps are kept on resume
+                  "init_from"}  # a resume's weights come from its checkpoint
 
 
 @dataclass
@@ -58,6 +59,9 @@ def _fingerprints(cfg: Config, data_fp: str, mp: str) -> dict:
     return {"model": artifacts.fingerprint(asdict(cfg.model)), "data": data_fp, "train": train}
 
 
+_TRAIN_DEFAULTS = {f.name: f.default for f in fields(TrainConfig)}
+
+
 def check_resumable(state: TrainState, fps: dict, world: int, path: Path) -> None:
     """A checkpoint from another model, data or batching is an error, never garbage. The number of
     processes may change (elastic resume) while train.batch_size x processes stays the same: then the
@@ -69,9 +73,11 @@ def check_resumable(state: TrainState, fps: dict, world: int, path: Path) -> Non
                              f"resume with the config it was made with, or start a new output_dir")
     old_train, new_train = old.get("train", {}), fps["train"]
     _check_global_batch(old_train, state.num_processes, new_train, world, path)
-    changed = sorted(k for k in new_train if k != "batch_size" and old_train.get(k) != new_train[k])
+    # a key the checkpoint's version did not have yet held its default then (a new setting never blocks a resume)
+    was = {k: old_train.get(k, _TRAIN_DEFAULTS.get(k)) for k in new_train}
+    changed = sorted(k for k in new_train if k != "batch_size" and was[k] != new_train[k])
     if changed:
-        diffs = ", ".join(f"train.{k}: {old_train.get(k)!r} -> {new_train[k]!r}" for k in changed)
+        diffs = ", ".join(f"train.{k}: {was[k]!r} -> {new_train[k]!r}" for k in changed)
         raise ValueError(f"{path}: these settings differ from the checkpoint's and would change the run: {diffs}")
 
 
