@@ -185,6 +185,11 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
+def write_jsonl_atomic(path: str | Path, rows: list) -> None:
+    """One JSON object per line (UTF-8, not escaped), through write_text_atomic."""
+    write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write `text` (UTF-8) to `path` through a temporary file and a rename."""
     path = Path(path)

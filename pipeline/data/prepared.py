@@ -64,6 +64,12 @@ def load_prepared(cfg: Config, config_path: str = "<config>") -> Prepared:
     )
 
 
+def longest_example(prep: Prepared, cfg: Config) -> int:
+    """The most tokens one example of the prepared data may hold: a language model's blocks (the task's data
+    info records block_size), else tokenize.max_length. What a model's positions must cover."""
+    return prep.info.get("block_size") or cfg.tokenize.max_length
+
+
 def is_same_data(recorded: str | None, prep: Prepared) -> bool:
     """Did a run that recorded data fingerprint `recorded` train on `prep`? Runs record the data's content
     fingerprint; a run of an older version recorded its last stage's folder fingerprint, which covers

@@ -3,7 +3,6 @@ score the outputs and write its report beside metrics.json."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -70,15 +69,17 @@ def describe_test_set(manifests: dict[str, dict], documents: int) -> str:
             f"{leaks} by the leakage check{note})")
 
 
-def _check_vocabulary(model: Any, ckpt: Path, cfg: Config, prepared: Any, dataset: Any) -> None:
+def _check_vocabulary(model: Any, ckpt: Path, cfg: Config, prepared: Any, dataset: Any) -> Any:
     """Before any work: the model was trained with the prepared data's tokenizer (a model of another
     vocabulary scores garbage, or fails inside torch on an id past its embeddings) and embeds every id
-    and position of the split."""
+    and position of the split. Returns that tokenizer."""
+    from pipeline.data.prepared import longest_example
     from pipeline.training import build
 
     model_io.check_same_vocabulary(ckpt, cfg.run_dir, prepared.tokenizer_dir)
     tok = build.load_tokenizer(prepared.tokenizer_dir, cfg.model.from_scratch)
-    build.check_fit(model, tok, dataset, prepared.info.get("block_size") or cfg.tokenize.max_length, f"checkpoint {ckpt}")
+    build.check_fit(model, tok, dataset, longest_example(prepared, cfg), f"checkpoint {ckpt}")
+    return tok
 
 
 def _onnx_cache(ckpt: Path, model: Any, precision: str, runtime: str) -> Path | None:
@@ -101,7 +102,7 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
     task = tasks.get(cfg.task)
     model = model_io.load_model(ckpt, cfg.run_dir, task.model_class())
     task.check_model(model, prepared.info, ckpt)
-    _check_vocabulary(model, ckpt, cfg, prepared, dataset)
+    tok = _check_vocabulary(model, ckpt, cfg, prepared, dataset)
     accelerator = make_accelerator()  # one gloo group when launched as several CPU processes
     start = time.perf_counter()
     precision, runtime = backends.precision_of(cfg.eval), cfg.eval.runtime
@@ -130,15 +131,11 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
         "test_set": _test_set(prepared, _documents(prepared, dataset, cfg.eval.split)) if cfg.eval.split == "test" else None,
         "data_fingerprint": prepared.fingerprint, "training_data_fingerprint": trained_on, "output_dir": str(out), "versions": artifacts.library_versions(),
     }
-    from pipeline.training import build
-
-    samples = task.samples(model, build.load_tokenizer(prepared.tokenizer_dir, cfg.model.from_scratch), cfg,
-                           metrics["step"]) if task.samples is not None else []
+    samples = task.samples(model, tok, cfg, metrics["step"]) if task.samples is not None else []
     with artifacts.atomic_dir(out, replace=True) as tmp:  # never a half-written report
         artifacts.write_json_atomic(tmp / "metrics.json", metrics)
         task.write_report(tmp, metrics, logits, dataset, cfg.eval)
         if samples:
-            artifacts.write_text_atomic(tmp / "samples.jsonl", "".join(json.dumps(x, ensure_ascii=False) + "\n"
-                                                                        for x in samples))
+            artifacts.write_jsonl_atomic(tmp / "samples.jsonl", samples)
     accelerator.end_training()
     return metrics

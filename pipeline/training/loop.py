@@ -268,12 +268,9 @@ def _evaluate(s: Setup, st: TrainState) -> None:
 
 def _write_samples(s: Setup, step: int, samples: list[dict]) -> None:
     """run/samples/step-N.jsonl (a step redone after a resume writes the same file again) and TensorBoard text."""
-    import json
-
     if not samples:
         return
-    artifacts.write_text_atomic(s.cfg.run_dir / "samples" / f"step-{step:07d}.jsonl",
-                                "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in samples))
+    artifacts.write_jsonl_atomic(s.cfg.run_dir / "samples" / f"step-{step:07d}.jsonl", samples)
     writer = s.acc.get_tracker("tensorboard", unwrap=True)
     if hasattr(writer, "add_text"):
         for k, x in enumerate(samples):

@@ -229,9 +229,10 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, mp: str, total: int, s
     model = task.build_model(cfg, tok, prep.info)
     if t.init_from and saved is None:  # a resume's weights come from its checkpoint
         build.warm_start(model, t.init_from)
-    # the longest example the data may hold: a classifier's tokenize.max_length, a language model's blocks
-    longest = prep.info.get("block_size") or cfg.tokenize.max_length
-    build.check_fit(model, tok, train_ds, longest, f"model {cfg.model.name_or_path or cfg.model.from_scratch}")
+    from pipeline.data.prepared import longest_example
+
+    build.check_fit(model, tok, train_ds, longest_example(prep, cfg),
+                    f"model {cfg.model.name_or_path or cfg.model.from_scratch}")
     if t.gradient_checkpointing:  # non-reentrant: works under DDP (no "marked ready twice")
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer, scheduler = build.build_optimizer(model, t, total)

@@ -21,15 +21,14 @@ class Collator:
         width = max(len(r["input_ids"]) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         pos = torch.zeros((len(rows), width), dtype=torch.long)
+        pad = torch.zeros((len(rows), width), dtype=torch.bool)
         for i, r in enumerate(rows):
             n = len(r["input_ids"])
             ids[i, :n] = torch.as_tensor(r["input_ids"], dtype=torch.long)
             pos[i, :n] = torch.as_tensor(r["position_ids"], dtype=torch.long)
             pos[i, n:] = torch.arange(width - n)  # padding: a segment of its own, attended by no real token
-        labels = ids.masked_fill(pos == 0, IGNORE)
-        for i, r in enumerate(rows):
-            labels[i, len(r["input_ids"]):] = IGNORE
-        return {"input_ids": ids, "position_ids": pos, "labels": labels}
+            pad[i, n:] = True
+        return {"input_ids": ids, "position_ids": pos, "labels": ids.masked_fill((pos == 0) | pad, IGNORE)}
 
 
 def loss_tokens(batch: dict) -> Any:
