@@ -13,7 +13,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from trainkit import build_prepared, clone_prepared, final_weights, launch, log_text, run_dir, trajectory, wait_for_step
+from trainkit import (
+    build_prepared,
+    build_prepared_lm,
+    clone_prepared,
+    final_weights,
+    launch,
+    log_text,
+    records,
+    run_dir,
+    trajectory,
+    wait_for_step,
+)
 
 from pipeline.accel import cpu_has_native_bf16
 from pipeline.training import checkpoint
@@ -26,11 +37,15 @@ SCENARIO = {"train": {"epochs": 3, "grad_accum": 2, "save_every": 4, "eval_every
             "model": {"dropout": 0.1}}
 
 
-def _configs(tmp_path, names, **over) -> list:
-    """One prepared dataset, cloned under one output_dir per name."""
+def _configs(tmp_path, names, task: str = "classification", **over) -> list:
+    """One prepared dataset, cloned under one output_dir per name. causal_lm: 173 blocks of 16 tokens from
+    56 documents (10 steps per epoch as well), built by the real prepare stages."""
     (tmp_path / "base").mkdir()
     train = {**SCENARIO["train"], **over.pop("train", {})}
-    base = build_prepared(tmp_path / "base", train=train, model=SCENARIO["model"], **over)
+    if task == "causal_lm":
+        base = build_prepared_lm(tmp_path / "base", train={**train, "group_by_length": False}, model=SCENARIO["model"])
+    else:
+        base = build_prepared(tmp_path / "base", train=train, model=SCENARIO["model"], **over)
     return [clone_prepared(base, tmp_path / n) for n in names]
 
 
@@ -107,10 +122,11 @@ def _crash_chain(cfg) -> None:
         _crash_in_save(cfg, run_dir(cfg), point, nth)
 
 
-def test_kill_chain_equals_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("task", ["classification", "causal_lm"])
+def test_kill_chain_equals_uninterrupted_run(tmp_path, task):
     rng = _seed()
     ks = rng.randint(5, 9), rng.randint(12, 19), rng.randint(21, 27)
-    ref_cfg, sig_cfg, crash_cfg = _configs(tmp_path, ("ref", "signals", "crashes"))
+    ref_cfg, sig_cfg, crash_cfg = _configs(tmp_path, ("ref", "signals", "crashes"), task)
     ref = launch(ref_cfg)  # the uninterrupted run, alongside the two interrupted ones
     with ThreadPoolExecutor(2) as pool:
         jobs = [pool.submit(_signal_chain, sig_cfg, *ks), pool.submit(_crash_chain, crash_cfg)]
@@ -137,4 +153,24 @@ def test_bf16_ctrl_c_resume_equals_uninterrupted_run(tmp_path):
     assert ref.wait(timeout=180) == 0, log_text(ref_cfg)[-3000:]
     # the warning banner is for CPUs that emulate bf16; one with native bf16 runs it silently
     assert ("WARNING: bf16 forced" in log_text(ref_cfg)) is not cpu_has_native_bf16()
+    _assert_same_run(run_dir(ref_cfg), run)
+
+
+@pytest.mark.parametrize("task", ["classification", "causal_lm"])
+def test_a_nan_halt_names_the_checkpoint_whose_resume_equals_the_run_that_never_met_it(tmp_path, task):
+    """Every loss NaN from step 9 on (forward pass 17 at grad_accum 2): steps 9-11 are skipped, the run halts
+    (exit 65) naming step-8's checkpoint (step 10's, saved at the epoch's end mid-streak, is not healthy);
+    resumed from it once the cause is gone, the run equals the one that never met a NaN."""
+    ref_cfg, cfg = _configs(tmp_path, ("ref", "nan"), task, train={"nan_policy": "skip", "max_nan_in_a_row": 3})
+    ref = launch(ref_cfg)
+    run = run_dir(cfg)
+    assert launch(cfg, nan_from=17).wait(timeout=180) == 65, log_text(cfg)[-3000:]
+    healthy = run / "checkpoints" / "step-0000008"
+    log = log_text(cfg)
+    assert "3 in a row (train.max_nan_in_a_row)" in log and f"last healthy checkpoint: {healthy}" in log, log[-3000:]
+    events = [r for r in records(run, "all") if r.get("event") == "nonfinite"]
+    assert [(e["step"], e["in_a_row"]) for e in events] == [(9, 1), (10, 2), (11, 3)]
+    last = launch(cfg, "--resume", str(healthy), log_name="last")
+    assert last.wait(timeout=180) == 0, log_text(cfg, "last")[-3000:]
+    assert ref.wait(timeout=180) == 0, log_text(ref_cfg)[-3000:]
     _assert_same_run(run_dir(ref_cfg), run)

@@ -91,6 +91,35 @@ def build_prepared(tmp: Path, kind: str = "wordpiece", n_train: int = 160, n_val
     return config
 
 
+def build_prepared_lm(tmp: Path, train: dict | None = None, model: dict | None = None, n_docs: int = 56) -> Path:
+    """A folder of n_docs short documents prepared for task=causal_lm by the real stages (seconds): blocks
+    of 16 tokens with many document boundaries, a 300-token BPE and the tiny GPT-2 of write_config.
+    Returns the config path; the run lies where run_dir says, as for build_prepared."""
+    from pipeline.config import load_config
+    from pipeline.data import runner
+
+    rng = random.Random(0)
+    src = tmp / "src" / "all"
+    src.mkdir(parents=True)
+    for i in range(n_docs):  # verses of 1-8 filler words: lengths from a line to ~100 tokens
+        lines = [" ".join(rng.choices(FILLER[:30], k=rng.randint(1, 8))) for _ in range(rng.randint(1, 14))]
+        (src / f"{i:03d}.txt").write_text("\n".join(lines), encoding="utf-8")
+    config = write_config(tmp / "config.yaml", tmp / "out", "bpe", train, model)
+    tree = yaml.safe_load(config.read_text(encoding="utf-8"))
+    tree.pop("label")
+    tree.update({
+        "task": "causal_lm", "source": {"format": "folder", "path": str(tmp / "src"), "package": "", "label_field": ""},
+        "clean": {"keep_lines": True}, "dedup": {"method": "none"},
+        "split": {"train": 0.8, "validation": 0.1, "test": 0.1, "stratify": False},
+        "tokenize": {"kind": "bpe", "vocab_size": 300, "min_frequency": 0},
+        "lm": {"block_size": 16, "prompts": ["w1"], "sample_tokens": 4},
+    })
+    tree["train"] = {"metric_for_best": "perplexity", "group_by_length": False, **tree["train"]}
+    config.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    runner.run(load_config(config), progress=False)
+    return config
+
+
 def train_cmd(config: Path, *extra: str) -> list[str]:
     return [sys.executable, str(REPO / "pipeline" / "train.py"), "--config", str(config), *extra]
 
@@ -107,11 +136,15 @@ def _env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 
 
-def launch(config: Path, *extra: str, crash: tuple[str, int] | None = None, log_name: str = "proc") -> subprocess.Popen:
-    """Start train.py (or the crash_in_save wrapper) as a real process; output goes to files."""
+def launch(config: Path, *extra: str, crash: tuple[str, int] | None = None, nan_from: int | None = None,
+           log_name: str = "proc") -> subprocess.Popen:
+    """Start train.py as a real process, or the crash_in_save wrapper (crash=(point, nth save)) or the nan_at
+    wrapper (a NaN loss from the nan_from-th training forward pass on); output goes to files."""
     cmd = train_cmd(config, *extra)
     if crash:
         cmd = [sys.executable, str(Path(__file__).with_name("crash_in_save.py")), crash[0], str(crash[1]), *cmd[2:]]
+    elif nan_from:
+        cmd = [sys.executable, str(Path(__file__).with_name("nan_at.py")), str(nan_from), *cmd[2:]]
     out = open(config.parent / f"{log_name}.log", "w")
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=REPO)
 
