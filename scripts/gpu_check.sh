@@ -11,7 +11,7 @@
 # configs/accelerate/fsdp.yaml on 1 process, bf16): an uninterrupted run of the default config
 # (MiniLM, 120 steps, a checkpoint every 40) and, beside it, a run SIGKILLed after step 70 and resumed
 # with --resume auto. The same for task=causal_lm (configs/shakespeare.yaml, the GPT-2 on the plays)
-# in fp16 and bf16: lm-fp16, lm-bf16. Per-step loss/lr/grad-norm and final weights must be equal (==); the table
+# in fp16 and bf16: lm-fp16, lm-bf16 (and lm-fp16 at lr 1e-2: where its loss turns NaN). Per-step loss/lr/grad-norm and final weights must be equal (==); the table
 # gives the largest difference where they are not. Then the loader: batches per second of the
 # train split copied to the GPU with pin_memory + non_blocking (what training does on a GPU) and
 # with neither. Results: $OUT/gpu_check.md (also printed). Exit 1 if any run differs.
@@ -79,6 +79,9 @@ for v in fp16 bf16 fsdp2 lm-fp16 lm-bf16; do
   run "$v" ref &
   killed_chain "$v" &
 done
+# the chapter's learning-rate experiment where a NaN can come from: fp16's range (on a CPU, in fp32 or bf16, lr 1e-2
+# and even 1e-1 only spike and plateau: docs/language-models.md); its exit code: 0, or 65 halted by nan_policy
+(rc=0; run lm-fp16 lr1e-2 train.lr=1e-2 || rc=$?; echo $rc > "$OUT/lm-fp16-lr1e-2/exit") &
 wait
 
 python - "$OUT" "$start" <<'EOF' | tee "$OUT/gpu_check.md"
@@ -110,6 +113,20 @@ print(f"\nruns took {time.time() - start:.0f} s in all (prepare included)")
 sys.exit(1 if bad else 0)
 EOF
 status=${PIPESTATUS[0]}
+
+python - "$OUT/lm-fp16-lr1e-2" <<'EOF' | tee -a "$OUT/gpu_check.md"
+# lr 1e-2 in fp16: at which step the loss turned non-finite, and what train.nan_policy (skip, halt after 5) did
+import json, math, sys
+from pathlib import Path
+
+run = Path(sys.argv[1])
+rows = [json.loads(l) for l in (run / "run/metrics.jsonl").read_text().splitlines()]
+events = [r for r in rows if r.get("event") == "nonfinite"]
+steps = [r for r in rows if "loss" in r and "event" not in r and "eval" not in r]
+print(f"\nlm-fp16 at lr 1e-2: exit {(run / 'exit').read_text().strip()}, {len(steps)} steps logged, "
+      f"first non-finite loss at step {events[0]['step'] if events else None}, {len(events)} updates skipped; "
+      f"largest finite loss {max((r['loss'] for r in steps if math.isfinite(r['loss'])), default=None)}")
+EOF
 
 python - "$OUT/base" <<'EOF' | tee -a "$OUT/gpu_check.md"
 # what pinned memory + non_blocking copies buy: train-split batches (as the loop makes them) to the GPU
