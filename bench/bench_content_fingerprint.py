@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -46,14 +45,6 @@ def stage_costs(out: Path) -> list[tuple[str, float, float]]:
     return rows
 
 
-def cpu_flags() -> str:
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return "unknown"
-    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni") if f in flags) or "none"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--before", default="13532df", help="commit without content fingerprints")
@@ -74,7 +65,9 @@ def main() -> None:
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=ROOT, check=False)
     b, n = statistics.median(times["before"]), statistics.median(times["now"])
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, flags: {cpu_flags()}; {args.config}, "
+    from pipeline.accel import describe_cpu  # this checkout's (ROOT is first on sys.path)
+
+    print(f"machine: {describe_cpu()}; {args.config}, "
           f"median of {args.runs}\n")
     print("| prepare, first run | seconds | ratio |\n|---|---|---|")
     print(f"| {args.before} (no content fingerprint) | {b:.2f} | 1.00 |")

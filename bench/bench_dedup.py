@@ -41,9 +41,7 @@ import argparse
 import csv
 import dataclasses
 import importlib.util
-import os
 import platform
-import re
 import sys
 import tempfile
 import time
@@ -268,12 +266,10 @@ def long_row(corpus: list[str], cfg: DedupConfig, chars: int = 5_000_000) -> str
 
 
 def machine() -> str:
-    info = Path("/proc/cpuinfo").read_text()
-    cpu = re.search(r"model name\s*:\s*(.*)", info)
-    flags = " ".join(sorted(set(re.findall(r"\b(avx512_bf16|amx_bf16|avx2)\b", info)))) or "no avx2"
+    from pipeline.accel import describe_cpu
+
     versions = ", ".join(f"{p} {version(p)}" for p in ("numpy", "datasketch", "rensa"))
-    name = cpu.group(1) if cpu else platform.machine()
-    return f"{name}, {os.cpu_count()} cores, {flags}; Python {platform.python_version()}, {versions}"
+    return f"{describe_cpu()}; Python {platform.python_version()}, {versions}"
 
 
 def main() -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -40,11 +39,6 @@ import numpy as np  # noqa: E402
 
 LENGTHS = (128, 256, 512)
 ORT = ("fp32", "int8")  # the precisions eval.runtime=onnxruntime runs
-
-
-def cpu_flags() -> str:
-    text = Path("/proc/cpuinfo").read_text(errors="ignore")
-    return " ".join(sorted(set(re.findall(r"\b(avx512_bf16|amx_bf16|avx512f|avx2)\b", text)))) or "none of avx2/avx512"
 
 
 def trained_model(out: Path, steps: int) -> Path:
@@ -156,7 +150,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from pipeline.accel import cpu_has_native_bf16
+    from pipeline.accel import cpu_has_native_bf16, describe_cpu
     from pipeline.config import load_config
     from pipeline.data.prepared import load_prepared
 
@@ -169,7 +163,7 @@ def main() -> None:
     labels = np.asarray(test["label"][:])
     native = cpu_has_native_bf16()
     b = args.batch_size
-    print(f"CPU flags: {cpu_flags()}; native bf16: {native}; torch {torch.__version__}, threads "
+    print(f"{describe_cpu()}; native bf16: {native}; torch {torch.__version__}, threads "
           f"{torch.get_num_threads()}; load average before: {os.getloadavg()[0]:.1f}; model {final}\n")
 
     precisions = ["fp32", "int8"] + (["bf16"] if native else [])

@@ -12,7 +12,6 @@ causal fast path, no mask). Forward + backward + AdamW step, interleaved, median
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 import time
@@ -20,11 +19,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def cpu_flags() -> str:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return " ".join(sorted(set(re.findall(r"\b(avx2|avx512f|avx512_bf16|amx_bf16|avx512_vnni)\b", text)))) or "unknown"
 
 
 def main() -> None:
@@ -91,7 +85,9 @@ def main() -> None:
         for kind in batches:
             times[kind].append(run(kind))
     tokens = args.batch * cfg.lm.block_size
-    print(f"CPU flags: {cpu_flags()}; torch {torch.__version__}, threads {torch.get_num_threads()}; GPT-2 "
+    from pipeline.accel import describe_cpu
+
+    print(f"{describe_cpu()}; torch {torch.__version__}, threads {torch.get_num_threads()}; GPT-2 "
           f"{sum(p.numel() for p in build_model(cfg, tok, prep.info).parameters()) / 1e6:.2f} M parameters, batch "
           f"{args.batch} x {cfg.lm.block_size} tokens, {docs_per_block:.3f} document starts inside a block on average")
     print("\n| lm.boundaries | s / step (median) | tokens/s | vs none |\n|---|---:|---:|---:|")

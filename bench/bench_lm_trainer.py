@@ -154,9 +154,9 @@ def main() -> None:
                 res[name] = r
     for r in res.values():
         r["eval"] = score(tmp / "ours-document", r["model"])
-    flags = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni")
-                     if f in Path("/proc/cpuinfo").read_text().split())
-    print(f"{os.cpu_count()} cores, CPU flags: {flags}; {args.rounds} round(s)")
+    from pipeline.accel import describe_cpu
+
+    print(f"{describe_cpu()}; {args.rounds} round(s)")
     print(table(res, args.steps + args.warmup))
 
 

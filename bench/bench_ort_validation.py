@@ -30,14 +30,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def cpu_flags() -> str:
-    try:
-        have = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return "?"
-    return " ".join(f"{f}={'yes' if f in have else 'no'}" for f in ("avx2", "avx512_vnni", "avx512_bf16", "amx_int8"))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="configs/tiny.yaml")
@@ -52,6 +44,7 @@ def main() -> None:
     from transformers import AutoModelForSequenceClassification
 
     from pipeline import tasks
+    from pipeline.accel import describe_cpu
     from pipeline.config import load_config
     from pipeline.data.prepared import load_prepared
     from pipeline.inference.backends import for_inference
@@ -86,7 +79,7 @@ def main() -> None:
             print(f"validation {i + 1}: {times[-1]:.2f} s (accuracy {m['accuracy']:.4f}, loss {m['loss']:.6f}); "
                   f"again before predicting: {fixed[-1]:.2f} s", flush=True)
     print(f"model {type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters), "
-          f"{len(val)} validation rows, eval.precision={a.precision}, threads {torch.get_num_threads()}; CPU {cpu_flags()}")
+          f"{len(val)} validation rows, eval.precision={a.precision}, threads {torch.get_num_threads()}; CPU {describe_cpu()}")
     print(f"first validation {times[0]:.2f} s; later ones: median {statistics.median(times[1:]):.2f} s "
           f"(min {min(times[1:]):.2f}, max {max(times[1:]):.2f}); before predicting: median "
           f"{statistics.median(fixed):.2f} s (min {min(fixed):.2f})")

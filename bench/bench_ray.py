@@ -30,7 +30,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -445,9 +444,9 @@ def main() -> None:
         return
     started, load = time.time(), os.getloadavg()
     rows = run(args, Path(tempfile.mkdtemp(prefix="bench_ray_")))
-    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
-    simd = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, flags {' '.join(simd)}; "
+    from pipeline.accel import describe_cpu
+
+    print(f"machine: {describe_cpu()}; "
           f"load average {load} at the start, {os.getloadavg()} at the end; {time.time() - started:.0f} s")
     now = [r for r in rows if r.get("code", "this checkout") == "this checkout"]
     for part in (speed_table, memory_table, fit_table, traffic_table):

@@ -63,8 +63,9 @@ def main() -> None:
         tok = (plain if args.digest == "plain" else stage)(texts, cfg)
         print("digest", hashlib.sha256(tok.to_str().encode()).hexdigest()[:16])
         return
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    print(f"CPU: {os.cpu_count()} cores, avx512_bf16: {'avx512_bf16' in flags}, avx2: {'avx2' in flags}; "
+    from pipeline.accel import describe_cpu
+
+    print(f"CPU: {describe_cpu()}; "
           f"load average before: {os.getloadavg()[0]:.1f}")
     print(f"{args.docs} documents x {args.words} words, vocab_size {args.vocab}, min_frequency 2, "
           f"median of {args.repeats} interleaved repeats\n")

@@ -27,8 +27,6 @@ import argparse
 import json
 import math
 import os
-import platform
-import re
 import shutil
 import signal
 import subprocess
@@ -41,11 +39,6 @@ CONFIG = REPO / "configs" / "shakespeare.yaml"
 FIGURES = REPO / "docs" / "figures"
 RESULTS = REPO / "bench" / "results" / "lm_experiments.json"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def cpu_flags() -> str:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni") if re.search(rf"\b{f}\b", text))
 
 
 def prepare(out: Path) -> None:
@@ -305,8 +298,10 @@ def main() -> None:
         saved.write_text(json.dumps(res))
     figures(res, root)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    result = {"commit": commit, "machine": f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
-              "cpu_flags": cpu_flags(), "steps": args.steps, **summary(res)}
+    sys.path.insert(0, str(REPO))
+    from pipeline.accel import describe_cpu
+
+    result = {"commit": commit, "machine": describe_cpu(), "steps": args.steps, **summary(res)}
     RESULTS.write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(json.dumps(result, indent=1, default=str))
 

@@ -85,8 +85,9 @@ def main() -> None:
     args = p.parse_args()
     import torch
 
-    flags = [f for f in ("avx512_bf16", "amx_bf16", "avx512f", "avx2") if f in open("/proc/cpuinfo").read().split()]
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, CPU flags {' '.join(flags)}, "
+    from pipeline.accel import describe_cpu
+
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {describe_cpu()}, "
           f"load {os.getloadavg()[0]:.1f}")
     results = {n: profile(n, args.tokens, args.steps, args.attention_dropout) for n in args.lengths}
     kinds = [k for k, _ in KINDS] + ["other"]

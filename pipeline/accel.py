@@ -10,13 +10,38 @@ from typing import Any
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
 
+CPUINFO = Path("/proc/cpuinfo")
+# the flags a benchmark records of its CPU: vector width, native bf16, int8 dot products (VNNI, AMX)
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni", "amx_int8")
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (x86 `flags`, Arm `Features`); empty where it cannot be read."""
+    try:
+        text = CPUINFO.read_text(errors="ignore")
+    except OSError:
+        return set()
+    lines = (line.split(":", 1) for line in text.splitlines() if line.startswith(("flags", "Features")))
+    return {flag for _, value in lines for flag in value.split()}
+
+
 def cpu_has_native_bf16() -> bool:
     """True where the CPU computes bf16 natively; elsewhere torch emulates bf16 (15-20x slower than fp32)."""
+    return bool(NATIVE_BF16_FLAGS & cpu_flags())
+
+
+def describe_cpu() -> str:
+    """What every benchmark records of its machine: '<model name>, N cores, CPU flags avx2 avx512f ...'."""
+    import platform
+
     try:
-        text = Path("/proc/cpuinfo").read_text(errors="ignore")
+        text = CPUINFO.read_text(errors="ignore")
     except OSError:
-        return False
-    return bool(NATIVE_BF16_FLAGS & set(text.split()))
+        text = ""
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
+                platform.processor() or platform.machine())
+    flags = " ".join(f for f in SPEED_FLAGS if f in cpu_flags()) or "none of " + "/".join(SPEED_FLAGS)
+    return f"{name}, {os.cpu_count()} cores, CPU flags {flags}"
 
 
 def launched_on_cpu() -> bool:
