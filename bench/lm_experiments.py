@@ -67,24 +67,21 @@ def train(out: Path, *overrides: str, stop_at: int = 0, resume: str = "", steps:
     cmd = [sys.executable, str(REPO / "pipeline" / "train.py"), "--config", str(CONFIG), f"output_dir={out}",
            f"train.max_steps={steps}", "train.log_every=1", "train.save_every=100", "train.keep_last=5",
            "train.eval_every=0", *overrides, *(["--resume", resume] if resume else [])]
-    log = open(out / f"train-{int(time.time())}.log", "w")
+    log = out / f"train-{int(time.time())}.log"
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ENV, cwd=REPO)
-    while proc.poll() is None:
-        if stop_at and any(r.get("step", 0) >= stop_at and "loss" in r for r in records(out / "run")):
-            proc.send_signal(signal.SIGTERM)
-            break
-        time.sleep(0.2)
-    code = proc.wait()
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=ENV, cwd=REPO)
+        while proc.poll() is None:
+            if stop_at and any(r.get("step", 0) >= stop_at and "loss" in r for r in records(out / "run")):
+                proc.send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.2)
+        code = proc.wait()
     rows = records(out / "run")
     print(f"  {out.name}: exit {code}, {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-    return {"exit": code, "seconds": time.perf_counter() - start, "log": (out / log.name).read_text()[-4000:],
+    return {"exit": code, "seconds": time.perf_counter() - start, "log": log.read_text()[-4000:],
             "steps": [r for r in rows if "loss" in r and "eval" not in r and "event" not in r],
             "evals": [r for r in rows if "eval" in r], "events": [r for r in rows if "event" in r]}
-
-
-def as_float(x) -> float:
-    return float(x)  # a non-finite value is a string ("nan") in an event record
 
 
 # ---------------------------------------------------------------- the experiments
@@ -101,9 +98,8 @@ def exp_lr(root: Path, steps: int) -> dict:
     out = {}
     for i, (name, over) in enumerate(variants.items()):
         r = train(root / f"lr{i}", *over, stop_at=80, steps=steps)
-        first_bad = next((e["step"] for e in r["events"] if e.get("event") == "nonfinite"), None)
-        out[name] = {**r, "first_nonfinite_step": first_bad,
-                     "halted": r["exit"] == 65, "skipped": len([e for e in r["events"] if e.get("event") == "nonfinite"])}
+        bad = [e["step"] for e in r["events"] if e.get("event") == "nonfinite"]  # loss is a string ("nan") there
+        out[name] = {**r, "first_nonfinite_step": bad[0] if bad else None, "skipped": len(bad)}
     return out
 
 
@@ -183,7 +179,7 @@ def figures(res: dict, root: Path) -> None:
         base = [(r["step"], r["loss"]) for r in res["base"]["steps"] if r["step"] <= 80]
         ax.plot(*zip(*base), label="lr 1e-3, clip 1.0 (the config)", lw=1.2)
         for name, r in res["lr"].items():
-            pts = [(s["step"], as_float(s["loss"])) for s in r["steps"]]
+            pts = [(s["step"], float(s["loss"])) for s in r["steps"]]
             ax.plot(*zip(*pts), label=name, lw=1.2)
             for e in r["events"]:
                 if e.get("event") == "nonfinite":
@@ -217,7 +213,7 @@ def save_loss_figure(fig, ax, title: str, name: str) -> None:
 
 
 def mean_loss(steps: list[dict], first: int, last: int) -> float:
-    xs = [as_float(s["loss"]) for s in steps if first <= s["step"] <= last]
+    xs = [float(s["loss"]) for s in steps if first <= s["step"] <= last]
     return sum(xs) / len(xs) if xs else float("nan")
 
 
@@ -233,12 +229,12 @@ def summary(res: dict) -> dict:
     if "lr" in res:
         out["lr"] = {}
         for name, r in res["lr"].items():
-            losses = [as_float(s["loss"]) for s in r["steps"]]
+            losses = [float(s["loss"]) for s in r["steps"]]
             finite = [x for x in losses if math.isfinite(x)]
             out["lr"][name] = {"exit": r["exit"], "first_nonfinite_step": r["first_nonfinite_step"],
                                "skipped": r["skipped"], "last_step": r["steps"][-1]["step"] if r["steps"] else 0,
                                "mean_loss_71_80": mean_loss(r["steps"], 71, 80), "max_finite_loss": max(finite, default=None),
-                               "max_grad_norm": max((as_float(s["grad_norm"]) for s in r["steps"]), default=None),
+                               "max_grad_norm": max((float(s["grad_norm"]) for s in r["steps"]), default=None),
                                "message": [line for line in r["log"].splitlines() if "non-finite" in line or "halt" in line][-3:]}
     if "determinism" in res:
         runs = res["determinism"]

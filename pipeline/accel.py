@@ -15,14 +15,21 @@ CPUINFO = Path("/proc/cpuinfo")
 SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni", "amx_int8")
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (x86 `flags`, Arm `Features`); empty where it cannot be read."""
+def _cpuinfo() -> str:
     try:
-        text = CPUINFO.read_text(errors="ignore")
+        return CPUINFO.read_text(errors="ignore")
     except OSError:
-        return set()
+        return ""
+
+
+def _flags_of(text: str) -> set[str]:
     lines = (line.split(":", 1) for line in text.splitlines() if line.startswith(("flags", "Features")))
     return {flag for _, value in lines for flag in value.split()}
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (x86 `flags`, Arm `Features`); empty where it cannot be read."""
+    return _flags_of(_cpuinfo())
 
 
 def cpu_has_native_bf16() -> bool:
@@ -34,13 +41,11 @@ def describe_cpu() -> str:
     """What every benchmark records of its machine: '<model name>, N cores, CPU flags avx2 avx512f ...'."""
     import platform
 
-    try:
-        text = CPUINFO.read_text(errors="ignore")
-    except OSError:
-        text = ""
+    text = _cpuinfo()
+    have = _flags_of(text)
     name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
                 platform.processor() or platform.machine())
-    flags = " ".join(f for f in SPEED_FLAGS if f in cpu_flags()) or "none of " + "/".join(SPEED_FLAGS)
+    flags = " ".join(f for f in SPEED_FLAGS if f in have) or "none of " + "/".join(SPEED_FLAGS)
     return f"{name}, {os.cpu_count()} cores, CPU flags {flags}"
 
 
