@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from pipeline import REPO_ROOT, tasks
+from pipeline import REPO_ROOT, adapters, tasks
 from pipeline.schema import (  # noqa: F401 - the schema's names, imported from here by the package
     CleanConfig,
     Config,
@@ -27,6 +27,7 @@ from pipeline.schema import (  # noqa: F401 - the schema's names, imported from 
     EvalConfig,
     LabelConfig,
     ModelConfig,
+    PeftConfig,
     PrepareConfig,
     RayConfig,
     SourceConfig,
@@ -266,8 +267,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError("output_dir is empty: name the folder for this experiment's data and run")
     if cfg.source.format != "hub" and not cfg.source.path:
         raise ConfigError("source.path is empty: name the file or folder to read")
-    try:  # the task's own sections (classification: label, metric_for_best)
+    try:  # the task's own sections (classification: label, metric_for_best), and peft's
         tasks.get(cfg.task).validate(cfg)
+        adapters.check_config(cfg)
     except ConfigError:
         raise
     except ValueError as e:

@@ -232,6 +232,25 @@ class LMConfig:
 
 
 @dataclass(frozen=True)
+class PeftConfig:
+    method: str = opt("none", "parameter-efficient fine-tuning: none (every weight trains) or lora (low-rank "
+                      "adapters through peft; the pretrained weights stay frozen and checkpoints hold only what "
+                      "trains)", ("none", "lora"))
+    r: int = opt(8, "lora: rank of each adapter (A: r x in, B: out x r)", bounds="[1, inf)")
+    alpha: float = opt(16.0, "lora: scaling numerator; an adapter's update is scaled by alpha / r", bounds="(0, inf)")
+    dropout: float = opt(0.05, "lora: dropout on an adapter's input in training", bounds="[0, 1)")
+    target_modules: list = opt([], "lora: names of the layers that get adapters; empty = peft's default for the "
+                               "architecture (BERT: query, value; GPT-2: c_attn; Llama/SmolLM2: q_proj, v_proj)")
+    modules_to_save: list = opt([], "modules trained in full and saved with the adapter, besides the classifier's "
+                                "new head (always trained and saved)")
+    merge_final: bool = opt(True, "final/ also holds the adapter merged into the base: a plain transformers model "
+                            "that pipeline() loads without peft (final/adapter/ is always written)")
+    quantize: str = opt("none", "QLoRA: nf4 loads the frozen base in 4-bit NormalFloat with double quantization and "
+                        "bf16 compute through bitsandbytes (a CUDA GPU only); the adapters and head train at full "
+                        "precision, and final/ merges them into the full-precision base", ("none", "nf4"))
+
+
+@dataclass(frozen=True)
 class Config:
     output_dir: str = opt("outputs/default", "root of this experiment: data/ (prepared stages) and run/ (training)")
     task: str = opt("classification", "what the model learns: a task of pipeline/tasks/ (its stages after split, model, "
@@ -246,6 +265,7 @@ class Config:
     prepare: PrepareConfig = field(default_factory=PrepareConfig, metadata={"help": "how prepare runs the stages"})
     ray: RayConfig = field(default_factory=RayConfig, metadata={"help": "the Ray cluster of prepare.engine=ray"})
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "the model"})
+    peft: PeftConfig = field(default_factory=PeftConfig, metadata={"help": "parameter-efficient fine-tuning (LoRA)"})
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "training"})
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "evaluation"})
 

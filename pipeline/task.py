@@ -50,4 +50,8 @@ class Task:
     # text generated from fixed prompts: (model, tokenizer, cfg, step) -> [{"prompt", "text", ...}], written at each
     # validation (run/samples/, TensorBoard text) and by evaluate.py (samples.jsonl); None: a task that generates none
     samples: Callable[..., list] | None = None
+    # peft.method=lora: peft's task type (SEQ_CLS, CAUSAL_LM), and the model's new layers that train in full and
+    # are saved with the adapter ((model) -> module names; a classifier's head); None: the model has none
+    peft_task_type: str = ""
+    head: Callable[[Any], list] | None = None
 

@@ -14,7 +14,11 @@
 # in fp16 and bf16: lm-fp16, lm-bf16 (and lm-fp16 at lr 1e-2: where its loss turns NaN). Per-step loss/lr/grad-norm and final weights must be equal (==); the table
 # gives the largest difference where they are not. Then the loader: batches per second of the
 # train split copied to the GPU with pin_memory + non_blocking (what training does on a GPU) and
-# with neither. Results: $OUT/gpu_check.md (also printed). Exit 1 if any run differs.
+# with neither. LoRA (peft.method=lora, issue 25): lora-bf16 (the default config's MiniLM with adapters, bf16)
+# and, where bitsandbytes is installed, qlora (SmolLM2-135M, configs/smollm2_shakespeare.yaml, its base in 4-bit
+# NF4: peft.quantize=nf4, bf16), each killed and resumed the same way, and final/ (the adapter merged into the
+# full-precision base) scored by evaluate.py against final/adapter: the same perplexity.
+# Results: $OUT/gpu_check.md (also printed). Exit 1 if any run differs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-outputs/gpu_check}
@@ -27,17 +31,32 @@ start=$(date +%s)
 
 python pipeline/prepare.py --config configs/default.yaml --quiet --num-proc 8 output_dir="$OUT/base" > "$OUT/prepare.log" 2>&1
 python pipeline/prepare.py --config configs/shakespeare.yaml --quiet output_dir="$OUT/lmbase" >> "$OUT/prepare.log" 2>&1
+VARIANTS="fp16 bf16 fsdp2 lm-fp16 lm-bf16 lora-bf16"
+if python -c "import bitsandbytes" 2>/dev/null; then
+  python pipeline/prepare.py --config configs/smollm2_shakespeare.yaml --quiet output_dir="$OUT/smolbase" >> "$OUT/prepare.log" 2>&1
+  VARIANTS="$VARIANTS qlora"
+else
+  echo "qlora: skipped (bitsandbytes is not installed: pip install bitsandbytes)" | tee "$OUT/qlora-skipped"
+fi
 
 # variant -> launcher prefix and overrides
 launcher() {
   case $1 in
-    fp16|bf16|lm-fp16|lm-bf16) echo "python pipeline/train.py";;
+    fp16|bf16|lm-fp16|lm-bf16|lora-bf16|qlora) echo "python pipeline/train.py";;
     fsdp2) echo "accelerate launch --config_file configs/accelerate/fsdp.yaml --num_processes 1 pipeline/train.py";;
   esac
 }
-precision() { case $1 in *fp16) echo train.mixed_precision=fp16;; *bf16) echo train.mixed_precision=bf16;; fsdp2) echo;; esac; }
-config_of() { case $1 in lm-*) echo configs/shakespeare.yaml;; *) echo configs/default.yaml;; esac; }
-base_of() { case $1 in lm-*) echo "$OUT/lmbase";; *) echo "$OUT/base";; esac; }
+precision() {
+  case $1 in
+    *fp16) echo train.mixed_precision=fp16;; lora-bf16) echo train.mixed_precision=bf16 peft.method=lora;;
+    qlora) echo train.mixed_precision=bf16 peft.method=lora peft.quantize=nf4;; *bf16) echo train.mixed_precision=bf16;;
+    fsdp2) echo;;
+  esac
+}
+config_of() {
+  case $1 in lm-*) echo configs/shakespeare.yaml;; qlora) echo configs/smollm2_shakespeare.yaml;; *) echo configs/default.yaml;; esac
+}
+base_of() { case $1 in lm-*) echo "$OUT/lmbase";; qlora) echo "$OUT/smolbase";; *) echo "$OUT/base";; esac; }
 
 run() {  # run VARIANT NAME [extra args...]: one training run in $OUT/VARIANT-NAME, sharing base's prepared data
   local v=$1 name=$2; shift 2
@@ -75,7 +94,7 @@ killed_chain() {  # start, SIGKILL the whole process tree once step KILL_AFTER i
   run "$v" resumed --resume auto
 }
 
-for v in fp16 bf16 fsdp2 lm-fp16 lm-bf16; do
+for v in $VARIANTS; do
   run "$v" ref &
   killed_chain "$v" &
 done
@@ -84,7 +103,7 @@ done
 (rc=0; run lm-fp16 lr1e-2 train.lr=1e-2 || rc=$?; echo $rc > "$OUT/lm-fp16-lr1e-2/exit") &
 wait
 
-python - "$OUT" "$start" <<'EOF' | tee "$OUT/gpu_check.md"
+python - "$OUT" "$start" $VARIANTS <<'EOF' | tee "$OUT/gpu_check.md"
 import json, sys, time
 from pathlib import Path
 
@@ -98,7 +117,7 @@ def rows(d):
 print("| variant | steps | resumed from | losses == | max loss diff | weights == | max weight diff |")
 print("|---|---|---|---|---|---|---|")
 bad = False
-for v in ("fp16", "bf16", "fsdp2", "lm-fp16", "lm-bf16"):
+for v in sys.argv[3:]:
     ref, res = out / f"{v}-ref", out / f"{v}-resumed"
     a, b = rows(ref), rows(res)
     wa, wb = load_file(str(ref / "run/final/model.safetensors")), load_file(str(res / "run/final/model.safetensors"))
@@ -127,6 +146,15 @@ print(f"\nlm-fp16 at lr 1e-2: exit {(run / 'exit').read_text().strip()}, {len(st
       f"first non-finite loss at step {events[0]['step'] if events else None}, {len(events)} updates skipped; "
       f"largest finite loss {max((r['loss'] for r in steps if math.isfinite(r['loss'])), default=None)}")
 EOF
+
+# LoRA's two exports score the same: final/ (merged; QLoRA's into the full-precision base) and final/adapter
+for v in lora-bf16 qlora; do
+  [ -d "$OUT/$v-ref/run/final/adapter" ] || continue
+  for ckpt in final "$OUT/$v-ref/run/final/adapter"; do
+    python pipeline/evaluate.py --config "$(config_of "$v")" output_dir="$OUT/$v-ref" --split validation \
+      --checkpoint "$ckpt" 2>>"$OUT/$v-ref/eval.log" | tail -1 | sed "s|^|$v $(basename "$ckpt"): |" | tee -a "$OUT/gpu_check.md"
+  done
+done
 
 python - "$OUT/base" <<'EOF' | tee -a "$OUT/gpu_check.md"
 # what pinned memory + non_blocking copies buy: train-split batches (as the loop makes them) to the GPU

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline import artifacts
+from pipeline import adapters, artifacts
 from pipeline.training import checkpoint
 
 
@@ -37,13 +37,19 @@ def _verified(ckpt: Path) -> None:
 
 def load_model(ckpt: Path, run_dir: str | Path, auto_class: Any) -> Any:
     """A final/ directory (from_pretrained) or a complete checkpoint (from_config + its state_dict), as
-    the task's transformers Auto class (`Task.model_class()`)."""
+    the task's transformers Auto class (`Task.model_class()`). A LoRA run's adapter (final/adapter/, final/
+    without merged weights, or a checkpoint of one) is put on its base and merged: a plain model again."""
     from transformers import AutoConfig
 
-    if (ckpt / "config.json").is_file() and not checkpoint.is_final(ckpt):
+    if (ckpt / "config.json").is_file() and not (checkpoint.is_final(ckpt) or checkpoint.is_adapter(ckpt)):
         raise FileNotFoundError(f"{ckpt} has config.json but no {checkpoint.WEIGHTS}: the model was not (fully) "
                                 f"saved; train again or pick a checkpoint")
     _verified(ckpt)
+    adapter = _adapter_of(ckpt, run_dir)
+    if adapter is not None:
+        folder, config_dir = adapter
+        load = None if checkpoint.is_adapter(folder) or (folder / checkpoint.WEIGHTS).is_file() else checkpoint.load_weights
+        return adapters.load_for_inference(folder, config_dir, auto_class, _trained_base(ckpt), load)
     if checkpoint.is_final(ckpt):
         return auto_class.from_pretrained(ckpt)
     config_dir = _model_files(ckpt, run_dir)
@@ -53,6 +59,27 @@ def load_model(ckpt: Path, run_dir: str | Path, auto_class: Any) -> Any:
     model = auto_class.from_config(AutoConfig.from_pretrained(config_dir))
     checkpoint.load_weights(ckpt, model)  # whatever save_state wrote (DDP prefix, FSDP shards), checked first
     return model
+
+
+def _adapter_of(ckpt: Path, run_dir: str | Path) -> tuple[Path, Path] | None:
+    """(the adapter's folder or checkpoint, the folder with its labelled config and adapter_config.json), or
+    None for a model trained in full (or a final/ with the adapter merged: that loads as a plain model)."""
+    if checkpoint.is_adapter(ckpt):
+        return ckpt, ckpt
+    if checkpoint.is_final(ckpt):
+        inner = ckpt / adapters.ADAPTER_DIR
+        return (inner, inner) if not (ckpt / checkpoint.WEIGHTS).is_file() else None
+    config_dir = _model_files(ckpt, run_dir)
+    return (ckpt, config_dir) if (config_dir / adapters.ADAPTER_CONFIG).is_file() else None
+
+
+def _trained_base(ckpt: Path) -> dict | None:
+    """The base model a LoRA checkpoint or export recorded (state.json's fingerprints), None where none did."""
+    state = checkpoint.export_of(ckpt) / "state.json"
+    try:
+        return artifacts.read_json(state).get("fingerprints", {}).get("base") if state.is_file() else None
+    except ValueError:
+        return None
 
 
 def _model_files(ckpt: Path, run_dir: str | Path) -> Path:
@@ -83,7 +110,7 @@ def check_same_vocabulary(ckpt: Path, run_dir: str | Path, prepared_tokenizer: P
 
 def checkpoint_step(ckpt: Path) -> int:
     """Optimizer step of a checkpoint (from its state.json), 0 when unknown; the TensorBoard x value."""
-    state = ckpt / "state.json"
+    state = checkpoint.export_of(ckpt) / "state.json"
     if not state.is_file():
         return 0
     value = artifacts.read_json(state)
@@ -93,6 +120,7 @@ def checkpoint_step(ckpt: Path) -> int:
 def training_data_fingerprint(ckpt: Path) -> str | None:
     """Fingerprint of the prepared data the weights were trained on: a checkpoint's state.json, or for
     final/ the run's run_info.json (last launch); None when neither says."""
+    ckpt = checkpoint.export_of(ckpt)
     try:
         if (ckpt / "state.json").is_file():
             return artifacts.read_json(ckpt / "state.json")["fingerprints"]["data"]

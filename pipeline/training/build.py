@@ -117,7 +117,9 @@ def choose_precision(t: TrainConfig, has_gpu: bool) -> str:
 
 def describe(model: Any) -> str:
     n = sum(p.numel() for p in model.parameters())
-    return f"{type(model).__name__} ({n / 1e6:.2f} M parameters)"
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    part = f", {trained / 1e6:.3f} M of them trained ({100 * trained / max(n, 1):.2f}%)" if trained < n else ""
+    return f"{type(model).__name__} ({n / 1e6:.2f} M parameters{part})"
 
 
 def warm_start(model, folder: str) -> None:

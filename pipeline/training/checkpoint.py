@@ -30,6 +30,7 @@ import uuid
 from pathlib import Path
 
 from pipeline import artifacts
+from pipeline.adapters import ADAPTER_CONFIG, ADAPTER_DIR
 from pipeline.artifacts import MANIFEST, read_json, write_json_atomic
 from pipeline.training import state_io
 
@@ -78,13 +79,13 @@ def save_checkpoint(acc, root: Path, name: str, model, optimizer, scheduler, sta
 
 
 def checkpoint_bytes(root: Path, model) -> int:
-    """About how many bytes a checkpoint takes: the newest complete one's, else the weights and AdamW's two
-    moments (3 x the parameters' bytes)."""
+    """About how many bytes a checkpoint takes: the newest complete one's, else the trained weights and AdamW's
+    two moments (3 x the trained parameters' bytes; a LoRA checkpoint holds only those)."""
     done = complete_checkpoints(root) if root.is_dir() else []
     if done:
         files = read_json(done[-1][0] / MANIFEST).get("files", {})
         return sum(int(f.get("bytes", 0)) for f in files.values())
-    return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+    return 3 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
 def write_manifest(folder: Path, kind: str) -> None:
@@ -179,7 +180,7 @@ def verify(path: Path, deep: bool = True) -> str | None:
     if reason is not None:
         return reason
     try:
-        if (path / STATE).is_file() or not is_final(path):
+        if (path / STATE).is_file() or not (is_final(path) or is_adapter(path)):
             read_json(path / STATE)
     except (ValueError, FileNotFoundError) as e:
         return f"unreadable ({e})"
@@ -187,8 +188,19 @@ def verify(path: Path, deep: bool = True) -> str | None:
 
 
 def is_final(path: Path) -> bool:
-    """A save_pretrained export (final/): config.json and weights in the folder itself."""
-    return (path / "config.json").is_file() and (path / WEIGHTS).is_file()
+    """A save_pretrained export (final/): config.json and weights in the folder itself, or (a LoRA run with
+    peft.merge_final=false) config.json and the adapter folder."""
+    return (path / "config.json").is_file() and ((path / WEIGHTS).is_file() or (path / ADAPTER_DIR).is_dir())
+
+
+def is_adapter(path: Path) -> bool:
+    """A LoRA run's exported adapter (final/adapter/: peft's adapter_config.json and weights)."""
+    return (path / ADAPTER_CONFIG).is_file()
+
+
+def export_of(path: Path) -> Path:
+    """The final/ export a folder belongs to: final/adapter/ is part of final/; anything else is itself."""
+    return path.parent if is_adapter(path) and is_final(path.parent) else path
 
 
 def complete_checkpoints(root: Path) -> list[tuple[Path, dict]]:
@@ -282,7 +294,7 @@ def resolve_checkpoint(run_dir: str | Path, name: str) -> Path:
     path = Path(name)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint {name!r} not found; use final, best, last or one of: {have}")
-    if is_final(path):
+    if is_final(path) or is_adapter(path):
         return path
     reason = verify(path, deep=False)
     if reason:
@@ -292,6 +304,7 @@ def resolve_checkpoint(run_dir: str | Path, name: str) -> Path:
 
 def run_of(checkpoint: Path) -> Path:
     """The run folder a checkpoint (<run>/checkpoints/<name>) or final export (<run>/final) belongs to."""
+    checkpoint = export_of(checkpoint)
     return checkpoint.parent if is_final(checkpoint) else checkpoint.parent.parent
 
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from pipeline import adapters
 from pipeline.inference.predict import predict_logits
 
 
@@ -23,7 +24,10 @@ def evaluate(acc, model, ds, batch_size: int, task, info: dict, precision: str =
     loaded; the scores are those of a full export of these weights."""
     was_training = model.training
     # unwrap_model keeps accelerate's autocast wrapper: fp32 validation runs in the precision training does
-    logits = predict_logits(acc.unwrap_model(model), ds, batch_size, acc, precision, progress=False,
+    scored = acc.unwrap_model(model)
+    if adapters.is_adapted(scored) and (precision == "int8" or runtime == "onnxruntime"):
+        scored = adapters.merged_copy(scored)  # quantization and export take a plain model, as evaluate.py's
+    logits = predict_logits(scored, ds, batch_size, acc, precision, progress=False,
                             runtime=runtime, scratch=scratch, outputs=task.outputs, columns=task.columns)
     model.train(was_training)
     return task.score(logits, ds, info)

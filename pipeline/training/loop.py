@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 
 from pipeline import allocator, artifacts
 from pipeline.config import Config
-from pipeline.training import batching, checkpoint, rundir, signals
-from pipeline.training.setup import Setup, prepare_run
+from pipeline.training import batching, checkpoint, signals
+from pipeline.training.setup import Setup, export_final, prepare_run
 from pipeline.training.state_io import TrainState
 
 
@@ -292,7 +292,7 @@ def _finish(s: Setup, st: TrainState) -> int:
     if s.acc.is_main_process:
         best = asdict(st.best)
         state = {"step": st.step, "epoch": st.epoch, "best": best, "fingerprints": st.fingerprints}
-        rundir.export_final(s.acc.unwrap_model(s.model), s.tok, s.run_dir / "final", state, weights)
+        export_final(s, state, weights)
         s.log.write({"step": st.step, "event": "finished", "best": best, "final": str(s.run_dir / "final")})
         print(f"finished at step {st.step}; final model: {s.run_dir / 'final'}; best {best}", flush=True)
     s.acc.wait_for_everyone()

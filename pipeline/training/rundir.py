@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline import artifacts
+from pipeline import adapters, artifacts
 from pipeline.config import Config, to_yaml
 from pipeline.training import checkpoint
 
@@ -133,16 +133,23 @@ def export_model_config(model, tok, out: Path) -> None:
     with artifacts.atomic_dir(out, replace=True) as tmp:
         model.config.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
+        if adapters.is_adapted(model):  # the adapter's settings and its base, for loading a checkpoint
+            model.peft_config["default"].save_pretrained(str(tmp))
 
 
-def export_final(model, tok, out: Path, state: dict | None = None, weights: dict | None = None) -> None:
+def export_final(model, tok, out: Path, state: dict | None = None, weights: dict | None = None,
+                 merge: bool = True) -> None:
     """save_pretrained (safetensors) + tokenizer: loadable by transformers.pipeline('text-classification').
 
     `state` (step, epoch, data fingerprints) goes to state.json, so evaluation can say what it scored.
-    `weights`: the full state dict (accelerator.get_state_dict) where the model's own is sharded (FSDP, ZeRO-3)."""
+    `weights`: the full state dict (accelerator.get_state_dict) where the model's own is sharded (FSDP, ZeRO-3).
+    An adapted model (peft): adapter/ and, with `merge`, the merged weights (adapters.write_final)."""
     try:
         with artifacts.atomic_dir(out, replace=True) as tmp:  # a failed export leaves the earlier final/ as it was
-            model.save_pretrained(str(tmp), safe_serialization=True, state_dict=weights)
+            if adapters.is_adapted(model):
+                adapters.write_final(model, tok, tmp, merge)
+            else:
+                model.save_pretrained(str(tmp), safe_serialization=True, state_dict=weights)
             tok.save_pretrained(str(tmp))
             if state is not None:
                 artifacts.write_json_atomic(tmp / "state.json", state)

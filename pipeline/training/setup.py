@@ -10,7 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from pipeline import artifacts, tasks
+from pipeline import adapters, artifacts, tasks
 from pipeline.config import Config, TrainConfig
 from pipeline.inference import padding
 from pipeline.training import batching, budget, build, checkpoint, rundir
@@ -47,6 +47,7 @@ class Setup:
     log: rundir.MetricsLog
     config_path: str
     budget: dict | None = None  # train.max_minutes: what was measured and decided (budget.py)
+    base: dict | None = None  # peft.method=lora: the base model adapted (adapters.base_identity)
 
     @property
     def ckpt_root(self) -> Path:
@@ -56,20 +57,28 @@ class Setup:
 def _fingerprints(cfg: Config, data_fp: str, mp: str) -> dict:
     train = {k: v for k, v in asdict(cfg.train).items() if k not in FREE_ON_RESUME}
     train["mixed_precision"] = mp
-    return {"model": artifacts.fingerprint(asdict(cfg.model)), "data": data_fp, "train": train}
+    fps = {"model": artifacts.fingerprint(asdict(cfg.model)), "data": data_fp, "train": train}
+    if cfg.peft.method != "none":  # merge_final shapes the export only: free on resume
+        fps["peft"] = artifacts.fingerprint({k: v for k, v in asdict(cfg.peft).items() if k != "merge_final"})
+    return fps
 
 
 _TRAIN_DEFAULTS = {f.name: f.default for f in fields(TrainConfig)}
 
 
-def check_resumable(state: TrainState, fps: dict, world: int, path: Path) -> None:
+def check_resumable(state: TrainState, fps: dict, world: int, path: Path, model_name: str = "") -> None:
     """A checkpoint from another model, data or batching is an error, never garbage. The number of
     processes may change (elastic resume) while train.batch_size x processes stays the same: then the
     global batch and the data order of every epoch (a function of the seed and that product) are too."""
     old = state.fingerprints
-    for key, what in (("model", "[model] settings"), ("data", "prepared data")):
-        if old.get(key) != fps[key]:
-            raise ValueError(f"{path} was trained with other {what} (fingerprint {old.get(key)} != {fps[key]}); "
+    if old.get("base") and old.get("model") != fps.get("model"):  # a LoRA checkpoint: name the base it adapts
+        raise ValueError(f"{path} adapts base model {adapters.describe_base(old['base'])}, the config's is "
+                         f"{model_name or '?'} (other [model] settings: fingerprint {old.get('model')} != "
+                         f"{fps.get('model')}); resume with the base and settings it was trained with, or start a "
+                         f"new output_dir")
+    for key, what in (("model", "[model] settings"), ("data", "prepared data"), ("peft", "[peft] settings")):
+        if old.get(key) != fps.get(key):  # peft: absent for peft.method=none, before and after
+            raise ValueError(f"{path} was trained with other {what} (fingerprint {old.get(key)} != {fps.get(key)}); "
                              f"resume with the config it was made with, or start a new output_dir")
     old_train, new_train = old.get("train", {}), fps["train"]
     _check_global_batch(old_train, state.num_processes, new_train, world, path)
@@ -164,13 +173,15 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None,
     spe = _steps_per_epoch(cfg.train, acc, len(prep.splits["train"]))
     fps = _fingerprints(cfg, prep.fingerprint, mp)
     ckpt = None if restart else _resolve_resume(acc, cfg.run_dir, resume, config_path)
-    saved = _read_saved(ckpt, fps, acc.num_processes, prep)
+    saved = _read_saved(ckpt, fps, acc.num_processes, prep, cfg.model.name_or_path)
     # a budget's step count (and so warmup and cosine) is fixed at the first launch and kept on every resume,
     # with or without train.max_minutes on the resuming command line
     fixed = rundir.first_budget(checkpoint.run_of(ckpt)) if saved else None
     budgeted = saved is not None and bool(cfg.train.max_minutes or fixed)
     total = saved.total_steps if budgeted else (cfg.train.max_steps or cfg.train.epochs * spe)
     s = _build(cfg, config_path, prep, tok, acc, mp, total, spe, saved)
+    if s.base is not None:
+        fps["base"] = s.base
     if cfg.train.max_minutes or budgeted:
         s.budget = budget.fix_total_steps(s, started) if saved is None else budget.kept(s, ckpt, fixed)
     st = _start_state(s, ckpt, saved, fps)
@@ -201,7 +212,7 @@ def _steps_per_epoch(t, acc, rows: int) -> int:
     return spe
 
 
-def _read_saved(ckpt: Path | None, fps: dict, world: int, prep) -> TrainState | None:
+def _read_saved(ckpt: Path | None, fps: dict, world: int, prep, model_name: str) -> TrainState | None:
     """The checkpoint's state.json, strictly typed, checked to continue this run (before anything is built).
     Its data is this run's when the content is the same, whichever code prepared it (prepared.is_same_data)."""
     if ckpt is None:
@@ -211,7 +222,7 @@ def _read_saved(ckpt: Path | None, fps: dict, world: int, prep) -> TrainState | 
     saved = TrainState.read(ckpt / checkpoint.STATE)
     if is_same_data(saved.fingerprints.get("data"), prep):
         saved.fingerprints = {**saved.fingerprints, "data": prep.fingerprint}
-    check_resumable(saved, fps, world, ckpt)
+    check_resumable(saved, fps, world, ckpt, model_name)
     return saved
 
 
@@ -233,8 +244,10 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, mp: str, total: int, s
 
     build.check_fit(model, tok, train_ds, longest_example(prep, cfg),
                     f"model {cfg.model.name_or_path or cfg.model.from_scratch}")
-    if t.gradient_checkpointing:  # non-reentrant: works under DDP (no "marked ready twice")
+    if t.gradient_checkpointing:  # non-reentrant: works under DDP (no "marked ready twice"), and with LoRA's
+        # frozen embeddings (the reentrant variant needs inputs that require grad: peft's enable_input_require_grads)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model, base = adapters.adapt(cfg, task, model, acc)
     optimizer, scheduler = build.build_optimizer(model, t, total)
     model, optimizer = acc.prepare(model, optimizer)  # the scheduler is stepped once per optimizer step, by us
     if saved is None:
@@ -246,7 +259,7 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, mp: str, total: int, s
     return Setup(cfg=cfg, acc=acc, model=model, optimizer=optimizer, scheduler=scheduler, tok=tok, train_ds=train_ds,
                  val_ds=prep.splits["validation"], lengths=np.asarray(train_ds["length"][:], dtype=np.int64),
                  collate=collate, columns=("input_ids", *task.columns), task=task, data_info=prep.info, run_dir=run_dir, total_steps=total,
-                 steps_per_epoch=spe, precision=mp, log=log, config_path=config_path)
+                 steps_per_epoch=spe, precision=mp, log=log, config_path=config_path, base=base)
 
 
 def _set_aside_earlier_attempt(acc, run_dir: Path) -> None:
@@ -264,6 +277,10 @@ def _start_state(s: Setup, ckpt: Path | None, saved: TrainState | None, fps: dic
     if saved.total_steps != s.total_steps and s.acc.is_main_process:
         checkpoint.warn(f"total steps changed from {saved.total_steps} to {s.total_steps}: the learning-rate "
                         f"schedule differs from the original run's from here on")
+    if saved.fingerprints.get("base") != fps.get("base"):
+        raise ValueError(f"{ckpt} adapts base model {adapters.describe_base(saved.fingerprints.get('base'))}, the "
+                         f"config's is {adapters.describe_base(fps.get('base'))}; resume with the base it was "
+                         f"trained on, or start a new output_dir")
     checkpoint.load_checkpoint(s.acc, ckpt, s.model, s.optimizer, s.scheduler)  # RNG last: nothing draws after
     # metric_for_best is free on resume: this run's metric and direction, the saved best value and step
     best = Best.of(metric, s.task.metrics[metric], saved.best.value, saved.best.step)
@@ -276,10 +293,33 @@ def _nothing_to_do(s: Setup, ckpt: Path, saved: TrainState) -> None:
         print(f"--resume: {ckpt} is at {saved.describe()}, the end of a {s.total_steps}-step run; "
               f"nothing to do", flush=True)
         if not (s.run_dir / "final" / "config.json").is_file():
-            rundir.export_final(s.acc.unwrap_model(s.model), s.tok, s.run_dir / "final", weights=weights)
+            export_final(s, None, weights)
             print(f"exported the final model to {s.run_dir / 'final'}", flush=True)
     s.acc.wait_for_everyone()
     return None
+
+
+def export_final(s: Setup, state: dict | None, weights: dict) -> None:
+    """final/ from the main process; `weights`: the full state dict (accelerator.get_state_dict, a collective).
+    An adapted model is exported from a fresh copy of its base with these weights' trained tensors: the same
+    under any backend (FSDP shards the training model's), with the base checked to be the one trained on;
+    QLoRA's at full precision (the adapters merged into the base's own weights, not its 4-bit copy)."""
+    model = s.acc.unwrap_model(s.model)
+    if s.base is not None:
+        import contextlib
+        import io
+
+        import torch
+
+        # building draws the head's and adapters' initial values (not the run's), and says the head is new
+        with torch.random.fork_rng(), contextlib.redirect_stdout(io.StringIO()):
+            full = replace(s.cfg, peft=replace(s.cfg.peft, quantize="none"))
+            fresh = s.task.build_model(full, s.tok, s.data_info)
+            adapters.check_base(fresh, s.base, s.run_dir / "final")
+            model, _ = adapters.adapt(full, s.task, fresh)
+        adapters.load_trained(s.run_dir / "final", model, weights)
+        weights = None
+    rundir.export_final(model, s.tok, s.run_dir / "final", state, weights, merge=s.cfg.peft.merge_final)
 
 
 def _announce(s: Setup, st: TrainState, ckpt: Path | None) -> None:

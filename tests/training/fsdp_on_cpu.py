@@ -12,6 +12,8 @@ MODE: chain   (2 processes) an uninterrupted 6-step run, then 3 steps + save + a
               the checkpoint + 3 steps; writes results.json
       resume1 (1 process) loads the 2-process step-3 checkpoint of OUT_DIR (re-sharded by DCP) and
               trains steps 4-6; writes resume1.json
+      chain-lora  chain with LoRA adapters on the model (the frozen base and the trained adapters and head
+              sharded together: peft #484's mixed requires_grad), exported as training exports it
 """
 
 import json
@@ -31,13 +33,23 @@ from pipeline.training import checkpoint  # noqa: E402
 GLOBAL_BATCH, SEQ, STEPS, SAVE_AT = 8, 12, 6, 3
 
 
+LORA = False  # MODE chain-lora: the model gets LoRA adapters (pipeline.adapters), as peft.method=lora does
+
+
 def make_model():
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                      max_position_embeddings=32, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    return BertForSequenceClassification(cfg)
+    model = BertForSequenceClassification(cfg)
+    if not LORA:
+        return model
+    from pipeline import adapters
+    from pipeline.schema import PeftConfig
+
+    conf = adapters.lora_config(PeftConfig(method="lora", r=4, dropout=0.0), "SEQ_CLS", ["classifier"], None)
+    return adapters.wrap(model, conf)
 
 
 def batch(step: int, rank: int, world: int) -> dict:
@@ -51,7 +63,7 @@ def batch(step: int, rank: int, world: int) -> dict:
 
 def prepared(acc):
     model = make_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))  # a plain function: JSON state
     acc.state.distributed_type = DistributedType.FSDP
     model, opt = acc.prepare(model, opt)
@@ -118,7 +130,15 @@ def final_export_equal(acc, model, want: dict, out: Path) -> bool:
 
     from pipeline.training import rundir
 
-    rundir.export_final(acc.unwrap_model(model), _NoTokenizer(), out, {"step": STEPS}, dict(want))  # it pops keys
+    if LORA:  # as training exports an adapted model: a fresh copy given the trained tensors, merged
+        from pipeline import adapters
+
+        fresh = make_model()
+        adapters.load_trained(out, fresh, dict(want))
+        want = adapters.merged_copy(fresh).state_dict()
+        rundir.export_final(fresh, _NoTokenizer(), out, {"step": STEPS})
+    else:
+        rundir.export_final(acc.unwrap_model(model), _NoTokenizer(), out, {"step": STEPS}, dict(want))  # it pops keys
     back = AutoModelForSequenceClassification.from_pretrained(out).state_dict()
     return set(back) == set(want) and all(torch.equal(back[k], want[k]) for k in want)
 
@@ -130,7 +150,9 @@ def resume1(acc, out: Path) -> dict:
 
 
 def main() -> None:
+    global LORA
     mode, out = sys.argv[1], Path(sys.argv[2])
+    LORA, mode = mode.endswith("-lora"), mode.removesuffix("-lora")
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT",
                                             auto_wrap_policy="transformer_based_wrap",
                                             transformer_cls_names_to_wrap=["BertLayer"], reshard_after_forward=True)

@@ -24,6 +24,7 @@ from trainkit import (
     run_dir,
     trajectory,
     wait_for_step,
+    with_pretrained_base,
 )
 
 from pipeline.accel import cpu_has_native_bf16
@@ -37,15 +38,18 @@ SCENARIO = {"train": {"epochs": 3, "grad_accum": 2, "save_every": 4, "eval_every
             "model": {"dropout": 0.1}}
 
 
-def _configs(tmp_path, names, task: str = "classification", **over) -> list:
+def _configs(tmp_path, names, task: str = "classification", lora: bool = False, **over) -> list:
     """One prepared dataset, cloned under one output_dir per name. causal_lm: 173 blocks of 16 tokens from
-    56 documents (10 steps per epoch as well), built by the real prepare stages."""
+    56 documents (10 steps per epoch as well), built by the real prepare stages. lora: adapters (and the
+    classifier's head) trained on the tiny model saved as a pretrained base (trainkit.with_pretrained_base)."""
     (tmp_path / "base").mkdir()
     train = {**SCENARIO["train"], **over.pop("train", {})}
     if task == "causal_lm":
         base = build_prepared_lm(tmp_path / "base", train={**train, "group_by_length": False}, model=SCENARIO["model"])
     else:
         base = build_prepared(tmp_path / "base", train=train, model=SCENARIO["model"], **over)
+    if lora:
+        with_pretrained_base(base)
     return [clone_prepared(base, tmp_path / n) for n in names]
 
 
@@ -122,11 +126,13 @@ def _crash_chain(cfg) -> None:
         _crash_in_save(cfg, run_dir(cfg), point, nth)
 
 
-@pytest.mark.parametrize("task", ["classification", "causal_lm"])
-def test_kill_chain_equals_uninterrupted_run(tmp_path, task):
+@pytest.mark.parametrize("task,lora", [("classification", False), ("causal_lm", False), ("classification", True),
+                                       ("causal_lm", True)], ids=["classification", "causal_lm", "classification-lora",
+                                                                  "causal_lm-lora"])
+def test_kill_chain_equals_uninterrupted_run(tmp_path, task, lora):
     rng = _seed()
     ks = rng.randint(5, 9), rng.randint(12, 19), rng.randint(21, 27)
-    ref_cfg, sig_cfg, crash_cfg = _configs(tmp_path, ("ref", "signals", "crashes"), task)
+    ref_cfg, sig_cfg, crash_cfg = _configs(tmp_path, ("ref", "signals", "crashes"), task, lora)
     ref = launch(ref_cfg)  # the uninterrupted run, alongside the two interrupted ones
     with ThreadPoolExecutor(2) as pool:
         jobs = [pool.submit(_signal_chain, sig_cfg, *ks), pool.submit(_crash_chain, crash_cfg)]

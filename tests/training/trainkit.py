@@ -213,3 +213,30 @@ def clone_prepared(config: Path, dest: Path) -> Path:
     text = config.read_text(encoding="utf-8").replace(str(config.parent / "out"), str(dest / "out"))
     (dest / "config.yaml").write_text(text, encoding="utf-8")
     return dest / "config.yaml"
+
+
+def with_pretrained_base(config: Path, peft: dict | None = None) -> Path:
+    """Turn a build_prepared(_lm) config into a LoRA run on a "pretrained" base: the tiny model its from-scratch
+    settings build (seed 0; a classifier's body only, so loading it as a classifier makes a new head) is saved
+    as a folder beside the config, model.name_or_path points there, and the peft section is set."""
+    import torch
+
+    from pipeline import tasks
+    from pipeline.config import load_config
+    from pipeline.data.prepared import load_prepared
+    from pipeline.training.build import load_tokenizer
+
+    cfg = load_config(config)
+    prep = load_prepared(cfg, str(config))
+    tok = load_tokenizer(prep.tokenizer_dir, cfg.model.from_scratch)
+    torch.manual_seed(0)
+    model = tasks.get(cfg.task).build_model(cfg, tok, prep.info)
+    body = getattr(model, model.base_model_prefix) if cfg.task == "classification" else model
+    base = config.parent / "base"
+    body.save_pretrained(str(base))
+    tok.save_pretrained(str(base))
+    tree = yaml.safe_load(config.read_text(encoding="utf-8"))
+    tree["model"] = {"name_or_path": str(base), "from_scratch": "", "attention_dropout": 0.0}
+    tree["peft"] = {"method": "lora", "r": 4, "alpha": 8, "dropout": 0.1, **(peft or {})}
+    config.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    return config

@@ -57,4 +57,5 @@ TASK = Task(
     outputs=collate.row_losses,
     loss_tokens=collate.loss_tokens,
     samples=sample.samples,
+    peft_task_type="CAUSAL_LM",
 )

@@ -32,6 +32,13 @@ def score_logits(logits, ds, info: dict) -> dict:
     return {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
 
 
+def head(model) -> list[str]:
+    """The classifier's new layers: the model's top-level modules with weights besides its pretrained body
+    (BERT: classifier; DistilBERT: pre_classifier and classifier; GPT-2, Llama: score)."""
+    return [n for n, m in model.named_children()
+            if n != model.base_model_prefix and next(m.parameters(), None) is not None]
+
+
 TASK = Task(
     name="classification",
     stages=stages,
@@ -47,4 +54,6 @@ TASK = Task(
     evaluate=evaluate.evaluate,
     write_report=evaluate.write_report,
     summary=report.format_table,
+    peft_task_type="SEQ_CLS",
+    head=head,
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from pipeline import adapters
 from pipeline.resolve import load_pretrained, resolve_pretrained
 from pipeline.schema import ModelConfig
 
@@ -38,7 +39,7 @@ def build_model(cfg, tok, info: dict):
     if not m.from_scratch:
         src = resolve_pretrained(m.name_or_path)
         model, info = load_pretrained(AutoModelForSequenceClassification, src, output_loading_info=True, **labels,
-                                      **attention_dropout(m, src))
+                                      **attention_dropout(m, src), **adapters.load_kwargs(cfg))
         if info["missing_keys"] and os.environ.get("RANK", "0") == "0":  # one line, not transformers' report table
             print(f"new, randomly initialised (expected for a new task): {', '.join(sorted(info['missing_keys']))}",
                   flush=True)

@@ -1,0 +1,245 @@
+"""LoRA (peft.method=lora) through real train.py processes: checkpoints of only what trains, a resume on another
+base refused, final/ (adapter and merged model) read by evaluate.py, peft and transformers alike, gradient
+checkpointing, bf16 autocast and two processes. The kill/SIGTERM/crash-in-save matrix with LoRA is in
+test_resume_kill.py; FSDP with LoRA in test_checkpoint.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from multikit import launch_two_processes, log_of, stop, wait_all, workers
+from multikit import wait_for_step as multi_wait_for_step
+from safetensors.torch import load_file, save_file
+from trainkit import (
+    REPO,
+    build_prepared,
+    build_prepared_lm,
+    clone_prepared,
+    final_weights,
+    launch,
+    log_text,
+    records,
+    run_dir,
+    run_train,
+    trajectory,
+    with_pretrained_base,
+)
+
+from pipeline import adapters
+from pipeline.config import load_config
+from pipeline.evaluation import model as model_io
+from pipeline.training import checkpoint
+
+pytestmark = pytest.mark.slow
+
+# 160 rows, batch 8: 20 steps per epoch, 2 epochs
+TRAIN = {"epochs": 2, "batch_size": 8, "lr": 1e-2, "log_every": 1, "eval_every": 10, "save_every": 5,
+         "keep_last": 100, "keep_best": 1}
+
+
+@pytest.fixture(scope="module")
+def lora(tmp_path_factory):
+    """A LoRA classifier on a tiny 'pretrained' BERT, trained once, uninterrupted."""
+    root = tmp_path_factory.mktemp("lora")
+    cfg = with_pretrained_base(build_prepared(root, train=TRAIN))
+    done = run_train(cfg)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return cfg, done.stdout
+
+
+def _rows(cfg, n: int = 16) -> dict:
+    from pipeline.data.prepared import load_prepared
+
+    test = load_prepared(load_config(cfg), str(cfg)).splits["test"].select(range(n))
+    ids = [torch.tensor(x) for x in test["input_ids"]]
+    batch = torch.nn.utils.rnn.pad_sequence(ids, batch_first=True)
+    return {"input_ids": batch, "attention_mask": (batch != 0).long()}
+
+
+def test_checkpoints_hold_only_what_trains(lora):
+    cfg, out = lora
+    run = run_dir(cfg)
+    assert "0.001 M of them trained" in out  # the describe line: what trains, of how much
+    newest = checkpoint.complete_checkpoints(run / "checkpoints")[-1][0]
+    saved = load_file(str(newest / "model.safetensors"))
+    model = model_io.load_model(newest, run, _auto())  # merged for inference, so rebuild the adapted one here
+    assert not adapters.is_adapted(model)
+    names = {k for k in saved}
+    assert names and all(".lora_" in k or ".modules_to_save." in k for k in names), sorted(names)[:5]
+    assert {k.split(".modules_to_save.")[0].rsplit(".", 1)[-1] for k in names if "modules_to_save" in k} == {"classifier"}
+    optimizer = torch.load(newest / "optimizer.bin", weights_only=True)
+    assert len(optimizer["state"]) == len(names)  # AdamW moments of the trained tensors only
+    base_bytes = (cfg.parent / "base" / "model.safetensors").stat().st_size
+    assert (newest / "model.safetensors").stat().st_size < 0.1 * base_bytes
+
+
+def _auto():
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification
+
+
+def test_final_adapter_merged_model_and_checkpoint_give_the_same_predictions(lora):
+    """evaluate.py's three ways in (final/ merged, final/adapter, the last checkpoint) and peft's own
+    AutoPeftModel (unmerged) agree to 1e-5; the merged final/ is a plain transformers model."""
+    from peft import AutoPeftModelForSequenceClassification
+    from transformers import AutoConfig, AutoModelForSequenceClassification, pipeline
+
+    cfg, _ = lora
+    run = run_dir(cfg)
+    rows = _rows(cfg)
+    merged = AutoModelForSequenceClassification.from_pretrained(run / "final").eval()
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+    with torch.no_grad():
+        want = merged(**rows).logits
+        got = {name: model_io.load_model(model_io.resolve_checkpoint(run, name), run, _auto())(**rows).logits
+               for name in ("final", str(run / "final" / "adapter"), "last")}
+        adapter = run / "final" / "adapter"
+        labels = AutoConfig.from_pretrained(adapter).id2label  # peft would build its base with 2 classes
+        peft_model = AutoPeftModelForSequenceClassification.from_pretrained(adapter, id2label=labels).eval()
+        got["peft"] = peft_model(**rows).logits
+    assert want.std() > 1e-3  # the trained head and adapters make the rows differ
+    for name, logits in got.items():
+        assert torch.allclose(logits, want, atol=1e-5), (name, (logits - want).abs().max())
+    clf = pipeline("text-classification", model=str(run / "final"), device="cpu")
+    assert clf("w1 great w2")[0]["label"] in ("negative", "neutral", "positive")
+    done = subprocess.run([sys.executable, "pipeline/evaluate.py", "--config", str(cfg), "--split", "test",
+                           "--checkpoint", str(adapter)], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0 and "accuracy" in done.stdout, done.stderr[-2000:]
+
+
+def test_a_resume_on_another_base_is_refused_in_one_line(lora, tmp_path):
+    """Another base path, or the same path holding other weights: one line naming both bases."""
+    cfg, _ = lora
+    mine = clone_prepared(cfg, tmp_path)
+    shutil.copytree(cfg.parent / "base", tmp_path / "base")
+    mine.write_text(mine.read_text().replace(str(cfg.parent / "base"), str(tmp_path / "base")))
+    assert run_train(mine, "train.max_steps=3").returncode == 0
+    done = run_train(mine, "--resume", "auto", "train.max_steps=6", f"model.name_or_path={cfg.parent / 'base'}")
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and f"adapts base model {tmp_path / 'base'} (weights " in last, last
+    assert f"the config's is {cfg.parent / 'base'} (other [model] settings" in last, last
+    weights = load_file(str(tmp_path / "base" / "model.safetensors"))
+    key = next(k for k in weights if "encoder.layer.0" in k and k.endswith("weight"))
+    weights[key] = weights[key] + 1e-3
+    save_file(weights, str(tmp_path / "base" / "model.safetensors"), metadata={"format": "pt"})
+    done = run_train(mine, "--resume", "auto", "train.max_steps=6")
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and last.count(f"{tmp_path / 'base'} (weights ") == 2, last
+    assert "adapts base model" in last and "the config's is" in last, last
+
+
+def test_other_peft_settings_are_refused_on_resume(lora, tmp_path):
+    """Another rank, alpha or target is another run: refused by fingerprint, before anything loads."""
+    cfg, _ = lora
+    mine = clone_prepared(cfg, tmp_path)
+    shutil.copytree(run_dir(cfg) / "checkpoints", run_dir(mine) / "checkpoints")
+    done = run_train(mine, "--resume", "auto", "peft.r=8", "train.epochs=3")
+    assert done.returncode == 2 and "other [peft] settings" in done.stderr.strip().splitlines()[-1]
+    done = run_train(mine, "--resume", "auto", "peft.method=none", "train.epochs=3")
+    assert done.returncode == 2 and "other [peft] settings" in done.stderr.strip().splitlines()[-1]
+
+
+def test_gradient_checkpointing_and_two_processes_with_lora(lora, tmp_path):
+    """Two processes at batch 4 with non-reentrant gradient checkpointing (the frozen embeddings make the
+    reentrant variant fail with 'element 0 of tensors does not require grad') == one process at batch 8,
+    to fp32 tolerance; dropout is off in both."""
+    cfg, _ = lora
+    one, two = clone_prepared(cfg, tmp_path / "one"), clone_prepared(cfg, tmp_path / "two")
+    shutil.copytree(cfg.parent / "base", tmp_path / "base")  # the base without its dropout: ranks draw their own
+    conf = json.loads((tmp_path / "base" / "config.json").read_text())
+    (tmp_path / "base" / "config.json").write_text(json.dumps({**conf, "hidden_dropout_prob": 0.0}))
+    same = ("peft.dropout=0.0", "train.max_steps=12", f"model.name_or_path={tmp_path / 'base'}")
+    single = launch(one, *same)
+    multi = launch_two_processes(two, *same, "train.batch_size=4", "train.gradient_checkpointing=true")
+    codes = wait_all([single, multi], timeout=300)
+    assert codes == [0, 0], log_text(one)[-2000:] + log_of(two, "multi")[-3000:]
+    a = [(r["step"], r["loss"]) for r in records(run_dir(one))]
+    b = [(r["step"], r["loss"]) for r in records(run_dir(two))]
+    assert [s for s, _ in a] == [s for s, _ in b] == list(range(1, 13))
+    assert max(abs(x - y) for (_, x), (_, y) in zip(a, b)) <= 1e-5
+    assert np.std([x for _, x in a]) > 1e-3
+    wa, wb = final_weights(run_dir(one)), final_weights(run_dir(two))
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-5
+    assert "does not require grad" not in log_of(two, "multi")
+
+
+def test_two_process_lora_resume_after_sigkill_equals_the_uninterrupted_run(lora, tmp_path):
+    cfg, _ = lora
+    ref, killed = clone_prepared(cfg, tmp_path / "ref"), clone_prepared(cfg, tmp_path / "killed")
+    over = ("train.batch_size=4", "train.max_steps=30")
+    reference = launch_two_processes(ref, *over)
+    proc = launch_two_processes(killed, *over, log="first")
+    try:
+        workers(proc, 2)
+        multi_wait_for_step([proc], run_dir(killed), 8)  # mid-epoch: 20 steps per epoch
+    finally:
+        stop(proc)  # SIGKILL to the launcher and both ranks at once: a power cut
+    resumed = launch_two_processes(killed, *over, "--resume", "auto", log="resumed")
+    assert wait_all([reference, resumed], timeout=300) == [0, 0], log_of(killed, "resumed")[-3000:]
+    assert "resuming from" in log_of(killed, "resumed")
+    assert trajectory(run_dir(killed)) == trajectory(run_dir(ref))
+    a, b = final_weights(run_dir(killed)), final_weights(run_dir(ref))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bf16_autocast_with_lora(lora, tmp_path):
+    cfg, _ = lora
+    mine = clone_prepared(cfg, tmp_path)
+    done = run_train(mine, "train.mixed_precision=bf16", "train.allow_slow_bf16=true", "train.max_steps=6")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "precision bf16" in done.stdout
+    losses = [r["loss"] for r in records(run_dir(mine))]
+    assert len(losses) == 6 and all(np.isfinite(losses))
+    assert any("lora_" in k for k in load_file(str(checkpoint.complete_checkpoints(
+        run_dir(mine) / "checkpoints")[-1][0] / "model.safetensors")))
+
+
+def test_causal_lm_lora_adapter_and_merged_model_score_the_same(tmp_path):
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    cfg = with_pretrained_base(build_prepared_lm(tmp_path, train={"epochs": 1, "eval_every": 0}),
+                               {"merge_final": False})
+    done = run_train(cfg)
+    assert done.returncode == 0, done.stderr[-3000:]
+    final = run_dir(cfg) / "final"
+    assert not (final / "model.safetensors").exists() and (final / "adapter" / "adapter_config.json").is_file()
+    assert checkpoint.is_final(final)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
+    with torch.no_grad():
+        via_eval = model_io.load_model(model_io.resolve_checkpoint(run_dir(cfg), "final"), run_dir(cfg),
+                                       AutoModelForCausalLM)(input_ids=ids).logits
+        via_peft = AutoPeftModelForCausalLM.from_pretrained(final / "adapter").eval()(input_ids=ids).logits
+    assert torch.allclose(via_eval, via_peft, atol=1e-5)
+    base = AutoModelForCausalLM.from_pretrained(cfg.parent / "base").eval()
+    with torch.no_grad():
+        assert (base(input_ids=ids).logits - via_peft).abs().max() > 1e-4  # the adapter changed something
+
+
+def test_int8_and_onnx_runtime_score_a_merged_copy(lora, tmp_path):
+    """Quantization and ONNX export take a plain model: validation during a LoRA run and evaluate.py on a LoRA
+    checkpoint score the adapter merged into its base, within int8's tolerance of the fp32 scores."""
+    cfg, _ = lora
+    mine = clone_prepared(cfg, tmp_path)
+    done = run_train(mine, "train.max_steps=4", "train.eval_every=2", "eval.precision=int8")
+    assert done.returncode == 0, done.stderr[-3000:]
+    evals = [r["eval"] for r in records(run_dir(mine), "eval")]
+    assert [e["examples"] for e in evals] == [48, 48] and all(0 <= e["accuracy"] <= 1 for e in evals)
+    scores = {}
+    for runtime in ("torch", "onnxruntime"):
+        out = subprocess.run([sys.executable, "pipeline/evaluate.py", "--config", str(mine), "--split", "validation",
+                              "--checkpoint", "last", f"eval.runtime={runtime}"], capture_output=True, text=True,
+                             cwd=REPO)
+        assert out.returncode == 0, out.stderr[-2000:]
+        metrics = json.loads((run_dir(mine) / "eval" / "validation-last" / "metrics.json").read_text())
+        assert metrics["runtime"] == runtime and metrics["step"] == 4
+        scores[runtime] = metrics["chunk"]
+    assert scores["torch"]["accuracy"] == scores["onnxruntime"]["accuracy"]
+    assert abs(scores["torch"]["loss"] - scores["onnxruntime"]["loss"]) < 1e-4
