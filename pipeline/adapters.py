@@ -260,6 +260,12 @@ def _load_merged(folder: Path, config_dir: Path, auto_class, expected_base: dict
     config_dir = folder if (folder / ADAPTER_CONFIG).is_file() else config_dir
     conf = LoraConfig.from_pretrained(str(config_dir))
     base_path = conf.base_model_name_or_path
+    if expected_base and (not base_path or not Path(base_path).exists()):
+        # the folder it loaded from is gone (a package reinstalled elsewhere, a GGUF cache cleared): the run's
+        # model.name_or_path finds it again (package:..., a .gguf converted anew); the weights are checked below
+        from pipeline.resolve import resolve_pretrained
+
+        base_path = resolve_pretrained(expected_base["name"])
     if not base_path or (Path(base_path).is_absolute() and not Path(base_path).exists()):
         raise FileNotFoundError(f"{config_dir / ADAPTER_CONFIG}: its base model {base_path!r} is not there; install "
                                 f"or copy the base model back to that path")

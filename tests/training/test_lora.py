@@ -243,3 +243,40 @@ def test_int8_and_onnx_runtime_score_a_merged_copy(lora, tmp_path):
         scores[runtime] = metrics["chunk"]
     assert scores["torch"]["accuracy"] == scores["onnxruntime"]["accuracy"]
     assert abs(scores["torch"]["loss"] - scores["onnxruntime"]["loss"]) < 1e-4
+
+
+def test_a_resume_after_the_last_step_exports_a_missing_final(lora, tmp_path):
+    """A run killed between its last checkpoint and its export: --resume auto has no step left, and exports
+    final/ (adapter and merged model) from that checkpoint."""
+    cfg, _ = lora
+    mine = clone_prepared(cfg, tmp_path)
+    shutil.copytree(run_dir(cfg) / "checkpoints", run_dir(mine) / "checkpoints")
+    done = run_train(mine, "--resume", "auto")
+    assert done.returncode == 0 and "nothing to do" in done.stdout, done.stderr[-2000:]
+    final = run_dir(mine) / "final"
+    assert (final / "adapter" / "adapter_model.safetensors").is_file() and checkpoint.verify(final) is None
+    a, b = final_weights(run_dir(mine)), final_weights(run_dir(cfg))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_adapter_whose_base_folder_moved_finds_it_by_the_runs_model_name(lora, tmp_path):
+    """adapter_config.json names the folder the base loaded from; where that is gone (a package reinstalled,
+    a GGUF cache cleared), evaluation resolves the run's model.name_or_path again, and checks its weights."""
+    cfg, _ = lora
+    final = shutil.copytree(run_dir(cfg) / "final", tmp_path / "final")
+    conf = json.loads((final / "adapter" / "adapter_config.json").read_text())
+    (final / "adapter" / "adapter_config.json").write_text(json.dumps({**conf, "base_model_name_or_path": "/gone/base"}))
+    (final / "adapter" / "manifest.json").unlink()
+    from pipeline import artifacts
+
+    artifacts.write_files_manifest(final / "adapter", kind="adapter")
+    rows = _rows(cfg)
+    with torch.no_grad():
+        got = model_io.load_model(final / "adapter", run_dir(cfg), _auto())(**rows).logits
+        want = model_io.load_model(run_dir(cfg) / "final", run_dir(cfg), _auto())(**rows).logits
+    assert torch.allclose(got, want, atol=1e-5)
+    state = json.loads((final / "state.json").read_text())
+    state["fingerprints"].pop("base")
+    (final / "state.json").write_text(json.dumps(state))
+    with pytest.raises(FileNotFoundError, match=r"its base model '/gone/base' is not there"):
+        model_io.load_model(final / "adapter", run_dir(cfg), _auto())
