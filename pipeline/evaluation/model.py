@@ -48,8 +48,9 @@ def load_model(ckpt: Path, run_dir: str | Path, auto_class: Any) -> Any:
     adapter = _adapter_of(ckpt, run_dir)
     if adapter is not None:
         folder, config_dir = adapter
-        load = None if checkpoint.is_adapter(folder) or (folder / checkpoint.WEIGHTS).is_file() else checkpoint.load_weights
-        return adapters.load_for_inference(folder, config_dir, auto_class, _trained_base(ckpt), load)
+        sharded = not checkpoint.is_adapter(folder) and not (folder / checkpoint.WEIGHTS).is_file()  # FSDP's DCP
+        return adapters.load_for_inference(folder, config_dir, auto_class, _trained_base(ckpt),
+                                           checkpoint.load_weights if sharded else None)
     if checkpoint.is_final(ckpt):
         return auto_class.from_pretrained(ckpt)
     config_dir = _model_files(ckpt, run_dir)
