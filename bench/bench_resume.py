@@ -70,7 +70,7 @@ def big_dataset(out: Path, rows: int) -> Path:
     artifacts.write_json_atomic(stage / "manifest.json", artifacts.manifest(stage="big"))
     artifacts.write_json_atomic(cfg.data_dir / PREPARED, {
         "stage_dir": str(stage), "fingerprint": f"big-{rows}", "config_fingerprint": data_config_fingerprint(cfg),
-        "label_names": ["a", "b", "c"]})
+        "task": "classification", "data_info": {"label_names": ["a", "b", "c"]}})  # prepared.json as prepare writes it
     return config
 
 

@@ -8,7 +8,10 @@ the other; compare the ratios, not the absolute numbers (the CPU is shared). Pri
 Also: the fraction of this CPU's measured fp32 matmul rate the loop reaches, bf16 autocast against
 fp32, and the same comparison with Trainer at max_length 256, batch 8, on documents of 1-24 tweets
 (lengths from one sentence to past 256 tokens, as reviews), over one whole epoch of them, with and
-without length grouping, and gradient checkpointing (time and peak RSS).
+without length grouping, and gradient checkpointing (time and peak RSS). On a CPU with native bf16
+(`avx512_bf16`, `amx_bf16`) Trainer's `bf16=True` and ours under bf16 autocast run at both lengths; elsewhere
+bf16 is emulated and many times slower, so only ours runs, a few steps, labelled emulated. The table starts
+with this CPU's model and flags (pipeline.accel.describe_cpu): keep one table per kind of CPU.
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ def build_data(out: Path, rows: int, max_length: int, long: bool, rows_given: li
     artifacts.write_json_atomic(stage / "manifest.json", artifacts.manifest(stage="bench"))
     artifacts.write_json_atomic(cfg.data_dir / PREPARED, {
         "stage_dir": str(stage), "fingerprint": "bench", "config_fingerprint": data_config_fingerprint(cfg),
-        "label_names": LABELS})
+        "task": "classification", "data_info": {"label_names": LABELS}})  # prepared.json as prepare writes it
     return config
 
 
@@ -126,7 +129,7 @@ def run_ours(config: Path, steps: int, warmup: int, batch: int, extra: list[str]
     return {"tokens_per_s": tokens / seconds, "padding": 1 - tokens / slots, "s_per_step": seconds / len(recs)}
 
 
-def run_trainer(config: Path, steps: int, warmup: int, batch: int, grouped: bool) -> dict:
+def run_trainer(config: Path, steps: int, warmup: int, batch: int, grouped: bool, bf16: bool = False) -> dict:
     from transformers import (
         AutoModelForSequenceClassification,
         DataCollatorWithPadding,
@@ -161,7 +164,7 @@ def run_trainer(config: Path, steps: int, warmup: int, batch: int, grouped: bool
         output_dir=str(config.parent / "trainer"), per_device_train_batch_size=batch, max_steps=steps + warmup,
         learning_rate=1e-4, warmup_steps=0.06, weight_decay=0.01, lr_scheduler_type="cosine", save_strategy="no",
         report_to="none", use_cpu=True, disable_tqdm=True, logging_steps=10_000, seed=42,
-        train_sampling_strategy="group_by_length" if grouped else "random",
+        train_sampling_strategy="group_by_length" if grouped else "random", bf16=bf16,
     )
     train_ds = prep.splits["train"].select_columns(["input_ids", "attention_mask", "label", "length"])
     Trainer(model=model, args=args, train_dataset=train_ds, data_collator=collate, callbacks=[Clock()]).train()
@@ -192,7 +195,8 @@ def child(args) -> None:
     if args.variant == "matmul":
         res = {"fp32": matmul_rate("float32"), "bf16": matmul_rate("bfloat16")}
     elif args.variant.startswith("trainer"):
-        res = run_trainer(cfg, args.steps, args.warmup, args.batch, args.variant == "trainer_grouped")
+        res = run_trainer(cfg, args.steps, args.warmup, args.batch, args.variant.startswith("trainer_grouped"),
+                          bf16=args.variant.endswith("_bf16"))
     else:
         res = run_ours(cfg, args.steps, args.warmup, args.batch, args.extra)
     res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -256,31 +260,48 @@ def main() -> None:
         "Trainer (group_by_length)": ("trainer_grouped", short, s, w, 32, []),
         "ours (length-grouped)": ("ours", short, s, w, 32, []),
         "ours (random order)": ("ours", short, s, w, 32, ["train.group_by_length=false"]),
-        "ours bf16 autocast (emulated)": ("ours", short, max(3, s // 5), 1, 32,
-                                          ["train.mixed_precision=bf16", "train.allow_slow_bf16=true"]),
         "Trainer max_len 256 (dynamic padding)": ("trainer_default", long, s4, w, 8, []),
         "Trainer max_len 256 (group_by_length)": ("trainer_grouped", long, s4, w, 8, []),
         "ours max_len 256 (length-grouped)": ("ours", long, s4, w, 8, []),
         "ours max_len 256 (random order)": ("ours", long, s4, w, 8, ["train.group_by_length=false"]),
         "ours max_len 256, grad ckpt": ("ours", long, s4, w, 8, ["train.gradient_checkpointing=true"]),
+        **bf16_variants(short, long, s, s4, w),
     }
     if args.only:
         variants = {k: v for k, v in variants.items() if k == "matmul" or any(k.startswith(o) for o in args.only)}
     res: dict = {}
     for _ in range(args.rounds):  # interleaved rounds, best of each: the CPU is shared and drifts
         for name, (variant, config, steps, warm, batch, extra) in variants.items():
-            if name.startswith("ours bf16") and name in res:
+            if "emulated" in name and name in res:
                 continue  # one round of the slow one is enough
             r = spawn(variant, config, steps, warm, batch, extra)
             res[name] = best(res.get(name), r)
     print(table(res))
 
 
+def bf16_variants(short: Path, long: Path, s: int, s4: int, w: int) -> dict:
+    """Trainer bf16=True and ours under bf16 autocast at both lengths where this CPU computes bf16 natively;
+    elsewhere ours alone for a few steps (emulated bf16 is 7-37x slower than fp32 here: a warning, not a race)."""
+    from pipeline.accel import cpu_has_native_bf16
+
+    bf16 = ["train.mixed_precision=bf16"]
+    if not cpu_has_native_bf16():
+        return {"ours bf16 autocast (emulated)": ("ours", short, max(3, s // 5), 1, 32, [*bf16, "train.allow_slow_bf16=true"])}
+    return {
+        "Trainer bf16 (group_by_length)": ("trainer_grouped_bf16", short, s, w, 32, []),
+        "ours bf16 (length-grouped)": ("ours", short, s, w, 32, bf16),
+        "Trainer max_len 256 bf16 (group_by_length)": ("trainer_grouped_bf16", long, s4, w, 8, []),
+        "ours max_len 256 bf16 (length-grouped)": ("ours", long, s4, w, 8, bf16),
+    }
+
+
 def table(res: dict) -> str:
+    from pipeline.accel import describe_cpu
+
     mm = res.pop("matmul")
     base = {64: res.get("Trainer (dynamic padding)", {}).get("tokens_per_s"),
             256: res.get("Trainer max_len 256 (dynamic padding)", {}).get("tokens_per_s")}
-    lines = [f"fp32 matmul on this CPU: {mm['fp32']:.0f} GFLOP/s; bf16: {mm['bf16']:.1f} GFLOP/s", "",
+    lines = [f"CPU: {describe_cpu()}", f"fp32 matmul on this CPU: {mm['fp32']:.0f} GFLOP/s; bf16: {mm['bf16']:.1f} GFLOP/s", "",
              "| variant | real tokens/s | vs Trainer default at its length | padding | s/step | ~GFLOP/s (share of fp32 matmul) | peak RSS MB |",
              "|---|---|---|---|---|---|---|"]
     for name, r in res.items():
