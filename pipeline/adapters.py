@@ -235,11 +235,10 @@ def write_final(model, tok, out: Path, merge: bool) -> None:
     model.config.save_pretrained(str(adapter))  # the labels: AutoPeftModel...(adapter, id2label=...)
     tok.save_pretrained(str(adapter))
     artifacts.write_files_manifest(adapter, kind="adapter")
-    base = model.merge_and_unload() if merge else model.get_base_model()
     if merge:
-        base.save_pretrained(str(out), safe_serialization=True)
+        model.merge_and_unload().save_pretrained(str(out), safe_serialization=True)
     else:
-        base.config.save_pretrained(str(out))
+        model.config.save_pretrained(str(out))
 
 
 def load_for_inference(folder: Path, config_dir: Path, auto_class, expected_base: dict | None,
@@ -247,8 +246,7 @@ def load_for_inference(folder: Path, config_dir: Path, auto_class, expected_base
     """The merged plain model of an adapter: `folder` is an adapter folder (final/adapter: peft's files) or
     an adapter checkpoint (its trained tensors; `load_weights(folder, model)` reads one that save_state wrote
     otherwise, FSDP's shards), `config_dir` holds the labelled config.json and the adapter_config.json that
-    names the base; the base's weights are checked against `expected_base`."""
-
+    names the base (the adapter folder itself, for one); the base's weights are checked against `expected_base`."""
     with _quiet():
         return _load_merged(folder, config_dir, auto_class, expected_base, load_weights)
 
@@ -257,7 +255,6 @@ def _load_merged(folder: Path, config_dir: Path, auto_class, expected_base: dict
     from peft import LoraConfig, PeftModel
     from transformers import AutoConfig
 
-    config_dir = folder if (folder / ADAPTER_CONFIG).is_file() else config_dir
     conf = LoraConfig.from_pretrained(str(config_dir))
     base_path = conf.base_model_name_or_path
     if expected_base and (not base_path or not Path(base_path).exists()):
@@ -272,7 +269,8 @@ def _load_merged(folder: Path, config_dir: Path, auto_class, expected_base: dict
     # output_loading_info: the head is the adapter's, so transformers' table of "newly initialised" keys is noise
     base, _ = auto_class.from_pretrained(base_path, config=AutoConfig.from_pretrained(str(config_dir)),
                                          output_loading_info=True)
-    check_base(base, expected_base, folder)
+    if expected_base:
+        check_base(base_identity(base, expected_base["name"], expected_base.get("head", [])), expected_base, folder)
     if (folder / ADAPTER_CONFIG).is_file():
         model = PeftModel.from_pretrained(base, str(folder))
     else:
@@ -281,12 +279,12 @@ def _load_merged(folder: Path, config_dir: Path, auto_class, expected_base: dict
     return model.merge_and_unload().eval()
 
 
-def check_base(base, expected: dict | None, where: Path) -> None:
-    """The base an adapter is put on must be the one it was trained on (when that was recorded). A QLoRA
-    run's record is of its 4-bit weights: a full-precision base cannot be compared with it (its resume can)."""
+def check_base(have: dict, expected: dict | None, where: Path) -> None:
+    """The base an adapter is put on (`have`: its base_identity) must be the one it was trained on (when that
+    was recorded). A QLoRA run's record is of its 4-bit weights: a full-precision base cannot be compared with
+    it (its resume can)."""
     if not expected or expected.get("quantize", "none") != "none":
         return
-    have = base_identity(base, expected["name"], expected.get("head", []))
     if have["weights"] != expected["weights"]:
         raise ValueError(f"{where} adapts base model {describe_base(expected)}, but the base loaded now has "
                          f"weights {have['weights']}; use the base it was trained on")

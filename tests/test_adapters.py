@@ -111,7 +111,7 @@ def test_the_base_identity_is_its_weights_not_its_new_head():
         b.bert.encoder.layer[1].output.dense.weight[0, 0] += 1e-6
     assert adapters.base_identity(b, "x", head)["weights"] != ida["weights"]
     with pytest.raises(ValueError, match=r"adapts base model x \(weights [0-9a-f]{16}\), but the base loaded now"):
-        adapters.check_base(b, ida, "ckpt")
+        adapters.check_base(adapters.base_identity(b, "x", head), ida, "ckpt")
 
 
 def test_the_merged_copy_gives_the_adapted_outputs_and_leaves_the_model_alone():

@@ -314,9 +314,8 @@ def export_final(s: Setup, state: dict | None, weights: dict) -> None:
         # building draws the head's and adapters' initial values (not the run's), and says the head is new
         with torch.random.fork_rng(), contextlib.redirect_stdout(io.StringIO()):
             full = replace(s.cfg, peft=replace(s.cfg.peft, quantize="none"))
-            fresh = s.task.build_model(full, s.tok, s.data_info)
-            adapters.check_base(fresh, s.base, s.run_dir / "final")
-            model, _ = adapters.adapt(full, s.task, fresh)
+            model, rebuilt = adapters.adapt(full, s.task, s.task.build_model(full, s.tok, s.data_info))
+        adapters.check_base(rebuilt, s.base, s.run_dir / "final")
         adapters.load_trained(s.run_dir / "final", model, weights)
         weights = None
     rundir.export_final(model, s.tok, s.run_dir / "final", state, weights, merge=s.cfg.peft.merge_final)
