@@ -98,6 +98,7 @@ def quiet_libraries(verbose: bool) -> None:
 
     # accelerate's save of a model with tied weights (GPT-2's lm_head) warns on every checkpoint; the tie is restored on load
     logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # "Creating initial MLflow database tables"
     if "datasets" in sys.modules:
         sys.modules["datasets"].disable_progress_bars()
     if "transformers" in sys.modules:

@@ -89,8 +89,11 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
         if dataclasses.is_dataclass(tp):
             kwargs[key] = _build(tp, {} if value is None else value, f"{prefix}{key}.")
             continue
+        meta = cls.__dataclass_fields__[key].metadata
+        if tp is list and isinstance(value, str) and meta.get("commas"):  # `a,b` on the command line
+            value = [item.strip() for item in value.split(",") if item.strip()]
         value = _coerce(value, tp, prefix + key)
-        _check_allowed(value, cls.__dataclass_fields__[key].metadata, prefix + key)
+        _check_allowed(value, meta, prefix + key)
         kwargs[key] = value
     return cls(**kwargs)
 
@@ -103,7 +106,14 @@ def _check_allowed(value: Any, meta: Any, key: str) -> None:
     if isinstance(value, str) and not _is_utf8(value):  # from a non-UTF-8 argv or file name
         raise ConfigError(f"{key}: {ascii(value)} is not valid UTF-8 text; use a UTF-8 name (rename the path)")
     choices = meta.get("choices")
-    if choices and value not in choices:
+    if choices and isinstance(value, list):
+        wrong = [item for item in value if item not in choices]
+        if wrong:
+            raise ConfigError(f"{key}: {wrong[0]!r} is not one of {', '.join(map(repr, choices))}")
+        twice = [item for i, item in enumerate(value) if item in value[:i]]
+        if twice:
+            raise ConfigError(f"{key}: {twice[0]!r} is given twice; name it once")
+    elif choices and value not in choices:
         raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}")
     bounds = meta.get("bounds")
     if isinstance(value, float) and not math.isfinite(value):

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 
-def opt(default: Any, help: str, choices: tuple | None = None, bounds: str | None = None) -> Any:
+def opt(default: Any, help: str, choices: tuple | None = None, bounds: str | None = None, commas: bool = False) -> Any:
     """A config field with its help text, and what is checked on load: the allowed values
-    (`choices`), or for a number its valid range in interval notation (`bounds`: "[0, 1)",
-    "[1, inf)"). Every int and float field has bounds (a test checks); nan and inf are never valid."""
-    meta = {"help": help, "choices": choices, "bounds": bounds}
+    (`choices`; of each item for a list), or for a number its valid range in interval notation (`bounds`: "[0, 1)",
+    "[1, inf)"). Every int and float field has bounds (a test checks); nan and inf are never valid. `commas`: a
+    list that may also be given as one comma-separated string (`train.report_to=tensorboard,mlflow`)."""
+    meta = {"help": help, "choices": choices, "bounds": bounds, "commas": commas}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return field(default=default, metadata=meta)
@@ -200,6 +201,13 @@ class TrainConfig:
     max_nan_in_a_row: int = opt(5, "halt after this many skipped updates in a row", bounds="[1, inf)")
     detect_anomaly: bool = opt(False, "torch autograd anomaly detection: names the operation that made a NaN (slow; debugging)")
     num_workers: int = opt(0, "DataLoader worker processes", bounds="[0, inf)")
+    report_to: list = opt(["tensorboard"], "experiment trackers that receive the run's scalars, its config as "
+                          "parameters and the final metrics (comma-separated on the command line; [] for none): "
+                          "tensorboard, mlflow (sqlite in the run folder unless MLFLOW_TRACKING_URI is set), wandb "
+                          "(offline unless WANDB_MODE=online), aim (a repository in the run folder); each but "
+                          "tensorboard is a pip extra of the same name", ("tensorboard", "mlflow", "wandb", "aim"),
+                          commas=True)
+    experiment: str = opt("", "the trackers' experiment/project name; empty = output_dir's folder name")
     collective_timeout_s: int = opt(600, "seconds a process waits for the others in a collective before failing (a dead or hung rank stops the run with an error instead of hanging it)", bounds="[1, inf)")
 
 
@@ -240,9 +248,10 @@ class PeftConfig:
     alpha: float = opt(16.0, "lora: scaling numerator; an adapter's update is scaled by alpha / r", bounds="(0, inf)")
     dropout: float = opt(0.05, "lora: dropout on an adapter's input in training", bounds="[0, 1)")
     target_modules: list = opt([], "lora: names of the layers that get adapters; empty = peft's default for the "
-                               "architecture (BERT: query, value; GPT-2: c_attn; Llama/SmolLM2: q_proj, v_proj)")
+                               "architecture (BERT: query, value; GPT-2: c_attn; Llama/SmolLM2: q_proj, v_proj)",
+                               commas=True)
     modules_to_save: list = opt([], "modules trained in full and saved with the adapter, besides the classifier's "
-                                "new head (always trained and saved)")
+                                "new head (always trained and saved)", commas=True)
     merge_final: bool = opt(True, "final/ also holds the adapter merged into the base: a plain transformers model "
                             "that pipeline() loads without peft (final/adapter/ is always written)")
     quantize: str = opt("none", "QLoRA: nf4 loads the frozen base in 4-bit NormalFloat with double quantization and "

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline import artifacts, tasks
+from pipeline import artifacts, tasks, trackers
 from pipeline.config import Config
 from pipeline.evaluation import model as model_io
 from pipeline.inference import backends, predict
@@ -96,6 +96,7 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
     from pipeline.accel import make_accelerator
     from pipeline.data.prepared import is_same_data, load_prepared
 
+    trackers.check_installed([n for n in cfg.train.report_to if n != "tensorboard"])
     prepared = load_prepared(cfg, config_path)
     dataset = select_split(prepared.splits, cfg.eval.split, cfg.data_dir)
     ckpt = model_io.resolve_checkpoint(cfg.run_dir, cfg.eval.checkpoint)
@@ -137,5 +138,6 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
         task.write_report(tmp, metrics, logits, dataset, cfg.eval)
         if samples:
             artifacts.write_jsonl_atomic(tmp / "samples.jsonl", samples)
+    trackers.log_evaluation(cfg, cfg.run_dir, metrics, metrics["step"])  # into the training run's tracker runs
     accelerator.end_training()
     return metrics

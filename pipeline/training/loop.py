@@ -271,7 +271,7 @@ def _write_samples(s: Setup, step: int, samples: list[dict]) -> None:
     if not samples:
         return
     artifacts.write_jsonl_atomic(s.cfg.run_dir / "samples" / f"step-{step:07d}.jsonl", samples)
-    writer = s.acc.get_tracker("tensorboard", unwrap=True)
+    writer = s.acc.get_tracker("tensorboard", unwrap=True) if "tensorboard" in s.cfg.train.report_to else None
     if hasattr(writer, "add_text"):
         for k, x in enumerate(samples):
             writer.add_text(f"samples/{k}", "    " + x["text"].replace("\n", "\n    "), step)  # markdown: verbatim
@@ -294,6 +294,7 @@ def _finish(s: Setup, st: TrainState) -> int:
         state = {"step": st.step, "epoch": st.epoch, "best": best, "fingerprints": st.fingerprints}
         export_final(s, state, weights)
         s.log.write({"step": st.step, "event": "finished", "best": best, "final": str(s.run_dir / "final")})
+        s.acc.log({f"best/{st.best.metric}": st.best.value, "best/step": st.best.step}, step=st.step)
         print(f"finished at step {st.step}; final model: {s.run_dir / 'final'}; best {best}", flush=True)
     s.acc.wait_for_everyone()
     return signals.EXIT_OK

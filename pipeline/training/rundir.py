@@ -2,7 +2,8 @@
 
   <output_dir>/run/
     config.yaml        the resolved config          run_info.json   versions, git commit, launches
-    metrics.jsonl      one JSON object per log/eval  tensorboard/    event files (accelerate tracker)
+    metrics.jsonl      one JSON object per log/eval  tensorboard/    event files (and the other trackers' stores,
+                                                                     pipeline/trackers.py)
     model_config/      config.json (id2label) + tokenizer, written at start: any checkpoint is loadable
     checkpoints/<name> see checkpoint.py            final/          save_pretrained model + tokenizer
 """
@@ -19,7 +20,7 @@ from pipeline import adapters, artifacts
 from pipeline.config import Config, to_yaml
 from pipeline.training import checkpoint
 
-RUN_FILES = ("config.yaml", "run_info.json", "metrics.jsonl")
+RUN_FILES = ("config.yaml", "run_info.json", "metrics.jsonl", "trackers.json", "mlflow.db")
 
 
 def holds_run(run_dir: Path) -> bool:
@@ -37,7 +38,8 @@ def check_run_dir(run_dir: Path, resume: str | None, config_path: str) -> None:
         )
 
 
-RUN_DIRS = ("tensorboard", "checkpoints", "final", "model_config", "eval", ".onnx")  # .onnx: exports of final/
+# .onnx: exports of final/; the trackers' own stores (train.report_to) besides tensorboard/
+RUN_DIRS = ("tensorboard", "checkpoints", "final", "model_config", "eval", ".onnx", "mlflow-artifacts", "wandb", ".aim")
 SET_ASIDE = "set_aside"  # <run>/set_aside/<time>/: earlier attempts moved out of the way, never deleted
 
 

@@ -10,7 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from pipeline import adapters, artifacts, tasks
+from pipeline import adapters, artifacts, tasks, trackers
 from pipeline.config import Config, TrainConfig
 from pipeline.inference import padding
 from pipeline.training import batching, budget, build, checkpoint, rundir
@@ -165,6 +165,7 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None,
 
     started = time.perf_counter()  # train.max_minutes counts from here
     mp = build.choose_precision(cfg.train, torch.cuda.is_available())
+    trackers.check_installed(cfg.train.report_to)
     if not restart:
         rundir.check_run_dir(cfg.run_dir, resume, config_path)
     prep = _load_data(cfg, config_path)
@@ -198,7 +199,7 @@ def _accelerator(cfg: Config, mp: str):
 
     t = cfg.train
     timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=t.collective_timeout_s))  # gloo's default: 30 min
-    return make_accelerator(mixed_precision=mp, gradient_accumulation_steps=t.grad_accum, log_with="tensorboard",
+    return make_accelerator(mixed_precision=mp, gradient_accumulation_steps=t.grad_accum,
                             project_dir=str(cfg.run_dir), kwargs_handlers=[timeout])
 
 
@@ -334,5 +335,5 @@ def _announce(s: Setup, st: TrainState, ckpt: Path | None) -> None:
         where = f"resuming from {ckpt} at {st.describe()}" if ckpt else "starting fresh"
         print(f"{build.describe(model)}; {acc.num_processes} process(es), precision {s.precision}; "
               f"{s.steps_per_epoch} steps/epoch, {s.total_steps} steps; {where}", flush=True)
-    acc.init_trackers("tensorboard")
+    trackers.start(acc, s.cfg, s.run_dir, fresh=ckpt is None)  # after record_launch: a fresh run's folder exists
     acc.wait_for_everyone()

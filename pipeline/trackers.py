@@ -1,0 +1,154 @@
+"""Experiment trackers (`train.report_to`): TensorBoard, MLflow, Weights & Biases and Aim, through accelerate's
+tracker classes. Every one writes inside the run folder by default and works offline:
+
+  <run>/tensorboard/    event files                      <run>/mlflow.db, mlflow-artifacts/   MLflow (sqlite)
+  <run>/wandb/          offline runs (`wandb sync` them)  <run>/.aim/                          an Aim repository
+  <run>/trackers.json   each tracker's run id: a resume and evaluate.py continue the same tracker run
+
+They receive what metrics.jsonl receives (train/* every log_every steps, per-rank losses included; eval/* at each
+validation), the resolved config as parameters at the first launch, best/<metric> at the end, and evaluate.py's
+<split>/<metric>. A resume redoes the steps after its checkpoint and logs them again with the values they had
+(exact resume); a reader keeps the last value per step, as metrics.jsonl does.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from pipeline import artifacts
+
+# report_to name -> (module that must be importable, the pip extra that installs it)
+TRACKERS = {"tensorboard": ("tensorboard", ""), "mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb"),
+            "aim": ("aim", "aim")}
+IDS = "trackers.json"
+MLFLOW_DB = "mlflow.db"
+
+
+def check_installed(report_to: list) -> None:
+    """Before any work: a tracker that is not installed is one line naming its extra."""
+    for name in report_to:
+        module, extra = TRACKERS[name]
+        if importlib.util.find_spec(module) is None:
+            raise ValueError(f"train.report_to: {name} is not installed; pip install -c constraints.txt -e "
+                             f"'.[{extra or name}]' (or drop {name} from train.report_to)")
+
+
+def experiment_name(cfg) -> str:
+    return cfg.train.experiment or Path(cfg.output_dir).resolve().name
+
+
+def params(cfg) -> dict[str, Any]:
+    """The resolved config flattened to `section.key` scalars (lists and mappings as JSON): every tracker's
+    parameter types."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: dict, prefix: str) -> None:
+        for k, v in node.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat[prefix + k] = json.dumps(v) if isinstance(v, (list, tuple)) else v
+    walk(cfg.to_dict(), "")
+    return flat
+
+
+def mlflow_uri(run_dir: Path) -> str:
+    """MLFLOW_TRACKING_URI where set (a server, or a database shared by a sweep), else a sqlite file in the run."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(run_dir / MLFLOW_DB).resolve()}"
+
+
+def read_ids(run_dir: Path) -> dict:
+    path = run_dir / IDS
+    try:
+        return artifacts.read_json(path) if path.is_file() else {}
+    except ValueError:
+        return {}
+
+
+def _make(name: str, cfg, run_dir: Path, run_id: str | None):
+    import accelerate.tracking as at
+
+    project = experiment_name(cfg)
+    if name == "tensorboard":
+        return at.TensorBoardTracker("tensorboard", run_dir)  # <run>/tensorboard, as before report_to existed
+    if name == "mlflow":
+        import mlflow
+
+        mlflow.set_tracking_uri(mlflow_uri(run_dir))
+        return at.MLflowTracker(project, str((run_dir / "mlflow-artifacts").resolve()), run_id=run_id,
+                                run_name=Path(cfg.output_dir).name)
+    if name == "wandb":
+        import wandb
+
+        return at.WandBTracker(project, mode=os.environ.get("WANDB_MODE", "offline"), dir=str(run_dir),
+                               id=run_id, resume="allow", name=Path(cfg.output_dir).name,
+                               settings=wandb.Settings(console="off", silent=True))
+    if name == "aim":  # no terminal capture or system sampling threads: the run's stdout stays ours
+        return at.AimTracker(project, str(run_dir), run_hash=run_id, experiment=project,
+                             capture_terminal_logs=False, system_tracking_interval=None, log_system_params=False)
+    raise ValueError(f"train.report_to: unknown tracker {name!r}")
+
+
+def _run_id(tracker) -> str | None:
+    name = tracker.name
+    if name == "mlflow":
+        return tracker.active_run.info.run_id
+    if name == "wandb":
+        return tracker.run.id
+    if name == "aim":
+        return tracker.writer.hash
+    return None
+
+
+def open_trackers(cfg, run_dir: Path, fresh: bool) -> list:
+    """The config's trackers started on this (main) process: a fresh run's get new tracker runs and the config
+    as parameters; otherwise each continues the tracker run trackers.json names. Their ids are saved."""
+    ids = {} if fresh else read_ids(run_dir)
+    started = []
+    for name in cfg.train.report_to:
+        tracker = _make(name, cfg, run_dir, ids.get(name))
+        tracker.start()
+        if fresh:
+            tracker.store_init_configuration(params(cfg))
+        started.append(tracker)
+    kept = {t.name: _run_id(t) for t in started if _run_id(t)}
+    if kept != {k: ids.get(k) for k in kept}:
+        artifacts.write_json_atomic(run_dir / IDS, {**ids, **kept})
+    return started
+
+
+def start(acc, cfg, run_dir: Path, fresh: bool) -> None:
+    """The training run's trackers, on the main process; accelerate's log() and end_training() then reach them."""
+    if acc.is_main_process:
+        acc.trackers.extend(open_trackers(cfg, run_dir, fresh))
+
+
+def numbers(tree: dict, prefix: str = "") -> dict[str, float]:
+    """The numbers of a nested metrics dict, keyed by path (`chunk/per_class/negative/f1`); lists, text and
+    versions left out."""
+    out: dict[str, float] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and k != "versions":
+            out.update(numbers(v, f"{prefix}{k}/"))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[prefix + k] = v
+    return out
+
+
+def log_evaluation(cfg, run_dir: Path, metrics: dict, step: int | None) -> None:
+    """evaluate.py's figures, `<split>/<metric>`, into the tracker runs the training run opened (main process)."""
+    if not run_dir.is_dir():
+        return
+    values = {f"{metrics['split']}/{k}": v for k, v in numbers(metrics).items()
+              if k not in ("step", "processes", "batch_size")}
+    named = [n for n in cfg.train.report_to if n != "tensorboard"]  # TensorBoard: eval/<split>/tensorboard
+    if not named:
+        return
+    for tracker in open_trackers(replace(cfg, train=replace(cfg.train, report_to=named)), run_dir, fresh=False):
+        tracker.log(values, step=step)
+        tracker.finish()
