@@ -357,19 +357,22 @@ def config_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = No
 def override_args(cfg: Config, path: str | Path, sections: tuple[str, ...]) -> list[str]:
     """The `key=value` overrides that turn the YAML file at `path` into `cfg`, for the keys under
     `sections`: what a suggested command must repeat so that it means the user's run."""
-    base = _flat(_build(Config, read_yaml(Path(path)), "").to_dict())
-    out = []
-    for key, value in _flat(cfg.to_dict()).items():
-        if key.split(".")[0] in sections and base.get(key) != value:
-            text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=float("inf")).strip()
-            out.append(f"{key}={text.removesuffix('...').strip()}")  # a plain scalar dumps as "x\n..."
-    return out
+    base = flat(_build(Config, read_yaml(Path(path)), "").to_dict())
+    return [override(key, value) for key, value in flat(cfg.to_dict()).items()
+            if key.split(".")[0] in sections and base.get(key) != value]
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
+def override(key: str, value: Any) -> str:
+    """`key=value` as a command line gives it: the value in YAML flow style, read back as the same value."""
+    text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=float("inf")).strip()
+    return f"{key}={text.removesuffix('...').strip()}"  # a plain scalar dumps as "x\n..."
+
+
+def flat(tree: dict, prefix: str = "") -> dict:
+    """A config dict keyed `section.key` (and top-level keys as they are)."""
     out = {}
     for k, v in tree.items():  # only the top level holds sections; label.mapping is one value
-        out.update(_flat(v, f"{k}.") if isinstance(v, dict) and not prefix else {prefix + k: v})
+        out.update(flat(v, f"{k}.") if isinstance(v, dict) and not prefix else {prefix + k: v})
     return out
 
 

@@ -262,6 +262,8 @@ class PeftConfig:
 @dataclass(frozen=True)
 class Config:
     output_dir: str = opt("outputs/default", "root of this experiment: data/ (prepared stages) and run/ (training)")
+    run_folder: str = opt("", "the training run's folder; empty = <output_dir>/run (pipeline/sweep.py gives each trial "
+                          "its own, beside the one prepared data/)")
     task: str = opt("classification", "what the model learns: a task of pipeline/tasks/ (its stages after split, model, "
                     "collator, metrics)")
     source: SourceConfig = field(default_factory=SourceConfig, metadata={"help": "where the raw text comes from"})
@@ -284,7 +286,7 @@ class Config:
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.output_dir) / "run"
+        return Path(self.run_folder) if self.run_folder else Path(self.output_dir) / "run"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -43,18 +43,10 @@ def experiment_name(cfg) -> str:
 
 
 def params(cfg) -> dict[str, Any]:
-    """The resolved config flattened to `section.key` scalars (lists and mappings as JSON): every tracker's
-    parameter types."""
-    flat: dict[str, Any] = {}
+    """The resolved config as `section.key` scalars (lists and mappings as JSON): every tracker's parameter types."""
+    from pipeline.config import flat
 
-    def walk(node: dict, prefix: str) -> None:
-        for k, v in node.items():
-            if isinstance(v, dict):
-                walk(v, f"{prefix}{k}.")
-            else:
-                flat[prefix + k] = json.dumps(v) if isinstance(v, (list, tuple)) else v
-    walk(cfg.to_dict(), "")
-    return flat
+    return {k: json.dumps(v) if isinstance(v, (list, tuple, dict)) else v for k, v in flat(cfg.to_dict()).items()}
 
 
 def mlflow_uri(run_dir: Path) -> str:

@@ -1,0 +1,174 @@
+"""pipeline/sweep.py: trials are normal run folders, pruned from their validation metric, and a sweep SIGKILLed
+twice (once inside a trial, once between trials) ends with the same trials and best value as one never stopped."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from trainkit import REPO, _env, build_prepared, clone_prepared, records
+
+from pipeline.config import ConfigError
+
+SPACE = """name: s
+trials: 4
+seed: 3
+startup_trials: 2
+pruner_startup_trials: 1
+params:
+  train.lr: {low: 1.0e-4, high: 1.0e-1, log: true}
+  train.warmup_ratio: {low: 0.0, high: 0.3}
+  train.batch_size: {choices: [4, 8]}
+"""
+
+
+def _cmd(cfg: Path, space: Path) -> list[str]:
+    return [sys.executable, str(REPO / "pipeline" / "sweep.py"), "--space", str(space), "--config", str(cfg)]
+
+
+def _sweep(cfg: Path, space: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(_cmd(cfg, space), capture_output=True, text=True, timeout=600, env=_env(), cwd=REPO)
+
+
+def _trials(folder: Path) -> list[tuple]:
+    """(number, state, params, value, reported validation values) of every trial, from Optuna's storage."""
+    import optuna
+
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{folder / 'study.db'}")
+    return [(t.number, t.state.name, t.params, t.value, t.intermediate_values) for t in study.get_trials()]
+
+
+def _wait(predicate, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, f"the sweep ended (exit {proc.returncode}) before the moment to kill it"
+        assert time.monotonic() < deadline, "timed out waiting for the moment to kill the sweep"
+        time.sleep(0.05)
+
+
+def _finished_rows(folder: Path) -> int:
+    path = folder / "trials.csv"
+    if not path.is_file():
+        return 0
+    with open(path, encoding="utf-8") as f:
+        return sum(row["state"] != "running" for row in csv.DictReader(f))
+
+
+def _trainers_of(folder: Path) -> list:
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(folder) in part for part in (p.info["cmdline"] or [])):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory):
+    base = build_prepared(tmp_path_factory.mktemp("sweep"), train={"max_steps": 8, "eval_every": 2, "log_every": 1,
+                                                                   "save_every": 2})
+    space = base.parent / "space.yaml"
+    space.write_text(SPACE, encoding="utf-8")
+    whole = _sweep(base, space)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    cut = clone_prepared(base, tmp_path_factory.mktemp("killed"))
+    folder = cut.parent / "out" / "sweeps" / "s"
+    proc = subprocess.Popen(_cmd(cut, space), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(), cwd=REPO)
+    _wait(lambda: any(r["step"] >= 3 for r in records(folder / "trial-0000")), proc)  # inside trial 0
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(0.5)
+    orphans = _trainers_of(folder)  # the trial's train.py dies with the sweep (PR_SET_PDEATHSIG)
+    proc = subprocess.Popen(_cmd(cut, space), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(), cwd=REPO)
+    _wait(lambda: _finished_rows(folder) >= 2, proc)  # trial 1 told, trial 2 not yet (or just) started
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    last = _sweep(cut, space)
+    assert last.returncode == 0, last.stderr[-3000:]
+    return {"whole": base.parent / "out" / "sweeps" / "s", "cut": folder, "orphans": orphans, "stdout": whole.stdout}
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_twice_ends_as_one_never_stopped(sweeps):
+    whole, cut = _trials(sweeps["whole"]), _trials(sweeps["cut"])
+    assert len(whole) == 4 and {t[1] for t in whole} == {"COMPLETE", "PRUNED"}  # pruning happened, from validation
+    assert cut == whole  # the same parameters, states, values and reported validations, trial by trial
+    assert sweeps["orphans"] == []
+    s_whole = json.loads((sweeps["whole"] / "summary.json").read_text())
+    s_cut = json.loads((sweeps["cut"] / "summary.json").read_text())
+    assert s_cut["best"]["value"] == s_whole["best"]["value"] and s_cut["best"]["trial"] == s_whole["best"]["trial"]
+    # trial 0 was resumed from its checkpoint, not started over; no trial ran twice
+    launches = json.loads((sweeps["cut"] / "trial-0000" / "run_info.json").read_text())["launches"]
+    assert len(launches) == 2 and launches[1]["resumed_from"] and "set_aside" not in os.listdir(sweeps["cut"] / "trial-0000")
+    assert sorted(p.name for p in sweeps["cut"].glob("trial-*")) == [f"trial-{i:04d}" for i in range(4)]
+
+
+@pytest.mark.slow
+def test_trials_are_run_folders_with_their_parameters_and_the_table_is_written(sweeps):
+    folder, rows = sweeps["whole"], _trials(sweeps["whole"])
+    for number, state, params, value, reported in rows:
+        run = folder / f"trial-{number:04d}"
+        cfg = json.loads(json.dumps(__import__("yaml").safe_load((run / "config.yaml").read_text())))
+        assert cfg["train"]["lr"] == params["train.lr"] and cfg["train"]["batch_size"] == params["train.batch_size"]
+        assert cfg["run_folder"] == str(run) and cfg["train"]["experiment"] == "s"
+        evals = {r["step"]: r["eval"]["accuracy"] for r in records(run, "eval")}
+        assert reported and all(evals[step] == v for step, v in reported.items())  # Optuna saw what validation saw
+        if state == "COMPLETE":
+            finished = [r for r in records(run, "all") if r.get("event") == "finished"][-1]
+            assert value == finished["best"]["value"] == max(evals.values())
+        else:  # pruned at a validation below the finished trials' median; Optuna keeps it as the trial's value
+            assert value == reported[max(reported)]
+    with open(folder / "trials.csv", encoding="utf-8") as f:
+        table = list(csv.DictReader(f))
+    assert [int(r["trial"]) for r in table] == [0, 1, 2, 3]
+    assert "| trial | state | train.lr | train.warmup_ratio | train.batch_size | accuracy |" in sweeps["stdout"]
+
+
+def test_the_sweep_file_is_checked_naming_the_file_and_key(tmp_path):
+    from pipeline import sweeping
+
+    cfg = build_prepared(tmp_path)
+    cases = {
+        "name: a\ntrials: 2\nparams: {train.lrr: {low: 1, high: 2}}\n": r"params.train.lrr: unknown config key 'train.lrr'; did you mean 'train.lr'\?",
+        "name: a\ntrials: 2\nparams: {train.lr: {low: 0.0, high: 1.0}}\n": r"params.train.lr: 0.0: train.lr must be > 0",
+        "name: a\ntrials: 2\nparams: {train.lr: {low: 2.0, high: 1.0}}\n": r"params.train.lr: low \(2.0\) must be below high \(1.0\)",
+        "name: a\ntrials: 2\nparams: {train.batch_size: {choices: [8, 0]}}\n": r"params.train.batch_size: 0: train.batch_size must be >= 1",
+        "name: a\ntrials: 2\nparams: {tokenize.kind: {low: 1, high: 2}}\n": r"params.tokenize.kind: a range needs a number option",
+        "name: a\ntrials: 0\nparams: {train.lr: {low: 1.0e-4, high: 1.0e-3}}\n": r"trials: expected at least 1, got 0",
+        "name: a\ntrials: 2\nsampler: grid\nparams: {train.lr: {low: 1.0e-4, high: 1.0e-3}}\n": r"sampler: 'grid' is not one of 'tpe', 'random'",
+        "name: a\ntrials: 2\nmetric: bleu\nparams: {train.lr: {low: 1.0e-4, high: 1.0e-3}}\n": r"metric: 'bleu' is not a validation metric of task classification",
+        "name: a\ntrials: 2\nparam: {}\n": r"unknown key 'param'",
+    }
+    for text, message in cases.items():
+        space = tmp_path / "space.yaml"
+        space.write_text(text, encoding="utf-8")
+        with pytest.raises(ConfigError, match=rf"^{space}: {message}"):
+            sweeping.open_sweep(space, cfg, [])
+
+
+def test_a_sweep_folder_continues_only_the_sweep_it_started(tmp_path):
+    from pipeline import sweeping
+
+    cfg = build_prepared(tmp_path)
+    space = tmp_path / "space.yaml"
+    space.write_text("name: a\ntrials: 2\nparams: {train.lr: {low: 1.0e-4, high: 1.0e-3}}\n", encoding="utf-8")
+    sweeping.open_sweep(space, cfg, [])
+    space.write_text("name: a\ntrials: 5\nparams: {train.lr: {low: 1.0e-4, high: 1.0e-3}}\n", encoding="utf-8")
+    sweeping.open_sweep(space, cfg, [])  # more trials: the same sweep, extended
+    space.write_text("name: a\ntrials: 5\nparams: {train.lr: {low: 1.0e-5, high: 1.0e-3}}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"holds a sweep started with another search space .*\(only `trials` may change\)"):
+        sweeping.open_sweep(space, cfg, [])
+    with pytest.raises(ConfigError, match=r"holds a sweep started with another overrides"):
+        space.write_text("name: a\ntrials: 5\nparams: {train.lr: {low: 1.0e-4, high: 1.0e-3}}\n", encoding="utf-8")
+        sweeping.open_sweep(space, cfg, ["train.epochs=3"])
