@@ -54,4 +54,8 @@ class Task:
     # are saved with the adapter ((model) -> module names; a classifier's head); None: the model has none
     peft_task_type: str = ""
     head: Callable[[Any], list] | None = None
+    # the model card (pipeline/card.py): the hub's pipeline tag, and the headline figures of evaluate.py's
+    # metrics.json as [(hub metric type, name, value)]
+    pipeline_tag: str = ""
+    card_metrics: Callable[[dict], list] = lambda metrics: []
 

@@ -37,3 +37,27 @@ def test_prepare_train_evaluate(tmp_path):
     assert 0.0 <= metrics["chunk"]["accuracy"] <= 1.0
     again = _run("prepare.py", "--quiet", *common)  # nothing changed: every stage cached
     assert again.stdout.count(" yes ") == 6
+    _check_card(tmp_path, metrics)
+
+
+def _check_card(out: Path, metrics: dict) -> None:
+    """final/README.md parses with the hub library, and its numbers are the manifests' and metrics.json's."""
+    from huggingface_hub import ModelCard
+
+    from pipeline import artifacts
+    from pipeline.data.runner import stage_manifests
+
+    card = ModelCard.load(out / "run" / "final" / "README.md")
+    data = card.data
+    assert data.pipeline_tag == "text-classification" and data.library_name == "transformers"
+    assert data.tags == ["finetune-pipeline", "classification"] and data.base_model is None  # trained from scratch
+    got = {(r.dataset_split, r.metric_type): r.metric_value for r in data.eval_results}  # the hub's model-index parser
+    assert got == {("test", "accuracy"): metrics["document"]["accuracy"], ("test", "f1"): metrics["document"]["macro_f1"]}
+    man = stage_manifests(Path(json.loads((out / "data" / "prepared.json").read_text())["stage_dir"]))
+    dedup, split, load = man["dedup"]["dropped"], man["split"]["stats"]["documents"], man["load"]
+    assert f"sha256 `{load['input_fingerprint']}`; {load['rows_in']:,} rows read" in card.text
+    assert f"{dedup.get('exact_duplicate', 0):,} exact duplicate" in card.text
+    assert f"train {split['train']:,} documents, validation {split['validation']:,} documents, " \
+           f"test {split['test']:,} documents" in card.text
+    assert f"Test set: {metrics['test_set']}." in card.text and "| steps | 12 (epoch 0) |" in card.text
+    assert artifacts.check_files(out / "run" / "final") is None  # the card is no file the manifest must list

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline import artifacts, tasks, trackers
+from pipeline import artifacts, card, tasks, trackers
 from pipeline.config import Config
 from pipeline.evaluation import model as model_io
 from pipeline.inference import backends, predict
@@ -139,5 +139,7 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
         if samples:
             artifacts.write_jsonl_atomic(tmp / "samples.jsonl", samples)
     trackers.log_evaluation(cfg, cfg.run_dir, metrics, metrics["step"])  # into the training run's tracker runs
+    if cfg.eval.checkpoint == "final" and ckpt.resolve() == (cfg.run_dir / "final").resolve():
+        card.write(cfg)  # final/README.md gains this split's figures
     accelerator.end_training()
     return metrics

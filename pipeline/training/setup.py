@@ -10,7 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from pipeline import adapters, artifacts, tasks, trackers
+from pipeline import adapters, artifacts, card, tasks, trackers
 from pipeline.config import Config, TrainConfig
 from pipeline.inference import padding
 from pipeline.training import batching, budget, build, checkpoint, rundir
@@ -20,7 +20,8 @@ from pipeline.training.state_io import Best, TrainState
 FREE_ON_RESUME = {"epochs", "max_steps", "eval_every", "save_every", "save_at_epoch_end", "keep_last", "keep_best",
                   "log_every", "metric_for_best", "nan_policy", "max_nan_in_a_row", "num_workers", "allow_slow_bf16",
                   "collective_timeout_s", "detect_anomaly", "max_minutes",  # a budget's steps are kept on resume
-                  "init_from"}  # a resume's weights come from its checkpoint
+                  "init_from",  # a resume's weights come from its checkpoint
+                  "report_to", "experiment"}  # trackers watch the run; a resume may add or drop one
 
 
 @dataclass
@@ -294,7 +295,9 @@ def _nothing_to_do(s: Setup, ckpt: Path, saved: TrainState) -> None:
         print(f"--resume: {ckpt} is at {saved.describe()}, the end of a {s.total_steps}-step run; "
               f"nothing to do", flush=True)
         if not (s.run_dir / "final" / "config.json").is_file():
-            export_final(s, None, weights)
+            export_final(s, {"step": saved.step, "epoch": saved.epoch, "best": asdict(saved.best),
+                             "fingerprints": saved.fingerprints}, weights)
+            card.write(s.cfg, s.run_dir)
             print(f"exported the final model to {s.run_dir / 'final'}", flush=True)
     s.acc.wait_for_everyone()
     return None

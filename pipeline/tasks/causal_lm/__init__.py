@@ -39,6 +39,12 @@ def check_model(model, info: dict, ckpt) -> None:
     blocks of lm.block_size: build.check_fit with prepared.longest_example)."""
 
 
+def card_metrics(metrics: dict) -> list[tuple[str, str, float]]:
+    """A model card's figures: perplexity per token, and bits per byte (comparable across tokenizers)."""
+    m = metrics["lm"]
+    return [("perplexity", "Perplexity", m["perplexity"]), ("bits_per_byte", "Bits per byte", m["bits_per_byte"])]
+
+
 TASK = Task(
     name="causal_lm",
     stages=stages,
@@ -58,4 +64,6 @@ TASK = Task(
     loss_tokens=collate.loss_tokens,
     samples=sample.samples,
     peft_task_type="CAUSAL_LM",
+    pipeline_tag="text-generation",
+    card_metrics=card_metrics,
 )

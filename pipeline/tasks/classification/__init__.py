@@ -39,6 +39,12 @@ def head(model) -> list[str]:
             if n != model.base_model_prefix and next(m.parameters(), None) is not None]
 
 
+def card_metrics(metrics: dict) -> list[tuple[str, str, float]]:
+    """A model card's figures: document-level accuracy and macro F1 (a document's chunks vote)."""
+    d = metrics["document"]
+    return [("accuracy", "Accuracy", d["accuracy"]), ("f1", "Macro F1", d["macro_f1"])]
+
+
 TASK = Task(
     name="classification",
     stages=stages,
@@ -56,4 +62,6 @@ TASK = Task(
     summary=report.format_table,
     peft_task_type="SEQ_CLS",
     head=head,
+    pipeline_tag="text-classification",
+    card_metrics=card_metrics,
 )

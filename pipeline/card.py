@@ -1,0 +1,266 @@
+"""The model card, final/README.md: the metadata the Hugging Face hub reads (base model, task, language and
+license of the base where its own card says them, metrics as model-index results) and what the model saw: the
+source and its fingerprint, what cleaning and dedup dropped, the leaks removed, the splits, the training
+settings, and the evaluation figures with the test set's description.
+
+It is a function of the run folder and the prepare manifests behind its data, written by train.py after the
+final export and again by evaluate.py after it scores final/ (then with those figures). It is documentation:
+no loader reads it, so final/manifest.json leaves it out (artifacts.UNLISTED) and rewriting it never makes
+final/ fail its check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pipeline import artifacts, tasks
+
+CARD = "README.md"
+TOOL = "finetune-pipeline"
+
+
+def write(cfg, run_dir: Path | None = None) -> Path | None:
+    """final/README.md from the run folder; None when there is no final model (yet)."""
+    run_dir = run_dir or cfg.run_dir
+    final = run_dir / "final"
+    if not (final / "config.json").is_file() or not (final / "state.json").is_file():
+        return None
+    text = render(cfg, run_dir)
+    tmp = run_dir / f".{CARD}.tmp"  # beside final/, not in it: a crash leaves no stray file inside final/
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, final / CARD)
+    return final / CARD
+
+
+def render(cfg, run_dir: Path) -> str:
+    from huggingface_hub import EvalResult, ModelCardData
+
+    task = tasks.get(cfg.task)
+    state = artifacts.read_json(run_dir / "final" / "state.json")
+    info = artifacts.read_json(run_dir / "run_info.json") if (run_dir / "run_info.json").is_file() else {}
+    data = _data(cfg, state)
+    evaluations = _evaluations(run_dir, state)
+    base, base_meta = _base(cfg)
+    dataset_type = cfg.source.path if cfg.source.format == "hub" else "local"
+    dataset_name = _source_name(cfg)
+    results = [EvalResult(task_type=task.pipeline_tag, dataset_type=dataset_type, dataset_name=dataset_name,
+                          dataset_split=split, dataset_config=cfg.source.hub_config or None,
+                          metric_type=kind, metric_name=f"{name} ({split})", metric_value=float(value))
+               for split, m in evaluations.items() for kind, name, value in task.card_metrics(m)]
+    adapter_only = cfg.peft.method != "none" and not cfg.peft.merge_final
+    meta = ModelCardData(
+        base_model=base if _is_hub_id(base) else None,
+        library_name="peft" if adapter_only else "transformers",
+        pipeline_tag=task.pipeline_tag,
+        license=base_meta.get("license"),
+        language=base_meta.get("language"),
+        datasets=[cfg.source.path] if cfg.source.format == "hub" else None,
+        metrics=sorted({kind for _, m in evaluations.items() for kind, _, _ in task.card_metrics(m)}) or None,
+        tags=[TOOL, cfg.task, *(["lora"] if cfg.peft.method == "lora" else [])],
+        model_name=cfg.train.experiment or Path(cfg.output_dir).name,
+        eval_results=results or None,
+    )
+    body = "\n".join([
+        f"# {meta.model_name}", "",
+        f"{_describe_model(cfg, base, task)}; trained and evaluated with {TOOL}"
+        f"{' at commit ' + info['git_commit'][:12] if info.get('git_commit') else ''}.", "",
+        "## Data", "", *_data_lines(cfg, data), "",
+        "## Training", "", *_training_lines(cfg, state, info), "",
+        "## Evaluation", "", *_evaluation_lines(task, state, evaluations, run_dir), "",
+        "## Use", "", *_use_lines(cfg, task, run_dir, adapter_only), "",
+    ])
+    return f"---\n{meta.to_yaml()}\n---\n\n{body}"
+
+
+# ---------------------------------------------------------------- what went in
+
+
+def _is_hub_id(name: str) -> bool:
+    return bool(name) and name.count("/") == 1 and not name.startswith(("/", ".", "~", "package:")) \
+        and not Path(name).exists()
+
+
+def _base(cfg) -> tuple[str, dict]:
+    """The base model's name and its own card's license and language (read from its folder where it has one)."""
+    if cfg.model.from_scratch:
+        return "", {}
+    name = cfg.model.name_or_path
+    try:
+        from pipeline.resolve import resolve_pretrained
+
+        folder = Path(resolve_pretrained(name))
+    except (OSError, ValueError):
+        return name, {}
+    card = folder / CARD
+    if not card.is_file():
+        return name, {}
+    try:
+        from huggingface_hub import ModelCard
+
+        found = ModelCard.load(card).data.to_dict()
+    except Exception:  # noqa: BLE001 - a base card the hub library cannot parse says nothing we can use
+        return name, {}
+    return name, {k: found[k] for k in ("license", "language", "base_model") if found.get(k)}
+
+
+def _describe_model(cfg, base: str, task) -> str:
+    what = {"text-classification": "A text classifier", "text-generation": "A causal language model"}.get(
+        task.pipeline_tag, f"A {cfg.task} model")
+    if cfg.model.from_scratch:
+        m = cfg.model
+        return f"{what}: a {m.from_scratch} of {m.num_layers} layers and hidden size {m.hidden_size}, from scratch"
+    how = f" with LoRA (r {cfg.peft.r}, alpha {cfg.peft.alpha:g})" if cfg.peft.method == "lora" else ""
+    return f"{what} fine-tuned from `{base}`{how}"
+
+
+def _source_name(cfg) -> str:
+    s = cfg.source
+    where = f"{s.package}:{s.path}" if s.package else s.path
+    return f"{where}" + (f" ({s.hub_config})" if s.hub_config else "")
+
+
+def _data(cfg, state: dict) -> dict:
+    """The prepare manifests behind the run's data, when the prepared data is still the data it trained on."""
+    from pipeline.data.runner import PREPARED, stage_manifests
+
+    pointer = cfg.data_dir / PREPARED
+    if not pointer.is_file():
+        return {}
+    prepared = artifacts.read_json(pointer)
+    if state.get("fingerprints", {}).get("data") not in (prepared.get("content_fingerprint"), prepared.get("fingerprint")):
+        return {"changed": True}
+    return {"prepared": prepared, "manifests": stage_manifests(Path(prepared["stage_dir"]))}
+
+
+def _count(d: dict) -> str:
+    return ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in d.items() if v) or "none"
+
+
+def _data_lines(cfg, data: dict) -> list[str]:
+    if data.get("changed"):
+        return [f"The prepared data in `{cfg.data_dir}` has changed since this model was trained; its manifests no "
+                f"longer describe what the model saw."]
+    man = data.get("manifests") or {}
+    if not man:
+        return [f"No prepare manifests were found next to `{cfg.data_dir}`."]
+    lines = []
+    load = man.get("load", {})
+    if load:
+        lines.append(f"- **Source**: {cfg.source.format} `{_source_name(cfg)}`, sha256 "
+                     f"`{load.get('input_fingerprint', '?')}`; {load.get('rows_in', 0):,} rows read, "
+                     f"{load.get('rows_out', 0):,} kept (dropped: {_count(load.get('dropped', {}))}).")
+    clean = man.get("clean", {})
+    if clean:
+        stats = clean.get("stats", {})
+        repaired = f"; mojibake repaired in {stats['mojibake_repaired']:,}" if stats.get("mojibake_repaired") else ""
+        lines.append(f"- **Cleaning** dropped: {_count(clean.get('dropped', {}))}{repaired}.")
+    dedup = man.get("dedup", {})
+    if dedup:
+        c = (dedup.get("config") or [{}])[0]
+        how = f"MinHash, Jaccard >= {c.get('threshold')} on word {c.get('ngram')}-grams" \
+            if c.get("method") == "minhash" else c.get("method", "?")
+        lines.append(f"- **Deduplication** ({how}) dropped: {_count(dedup.get('dropped', {}))}.")
+    split = man.get("split", {})
+    if split:
+        st = split.get("stats", {})
+        docs = st.get("documents", {})
+        c = (split.get("config") or [{}])[0]
+        leaks = st.get("leaks_found", {})
+        leak = (f"; documents with a near-duplicate in train (split.leakage `{c.get('leakage')}`): {_count(leaks)}"
+                if leaks else "")
+        kept = "the source's own splits kept" if st.get("source_split_kept") else "split by ratio"
+        lines.append(f"- **Splits** ({kept}): " + ", ".join(f"{k} {v:,} documents" for k, v in docs.items()) + leak + ".")
+    label = man.get("label", {})
+    if label:
+        counts = label.get("stats", {}).get("class_counts", {}).get("train", {})
+        lines.append("- **Classes in train**: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()) + ".")
+    tok = man.get("tokenize", {})
+    if tok:
+        st = tok.get("stats", {})
+        trunc = st.get("train", {}).get("truncated_fraction")
+        lines.append(f"- **Tokens**: {st.get('kind')} tokenizer, max_length {st.get('max_length')}"
+                     + (f"; {trunc:.1%} of train truncated." if trunc is not None else "."))
+    prepared = data.get("prepared", {})
+    lines.append(f"- **Prepared data fingerprint**: `{prepared.get('content_fingerprint') or prepared.get('fingerprint')}`.")
+    return lines
+
+
+def _training_lines(cfg, state: dict, info: dict) -> list[str]:
+    t = cfg.train
+    launches = info.get("launches", [])
+    first = launches[0] if launches else {}
+    procs = first.get("num_processes", 1)
+    rows = [
+        ("steps", f"{state.get('step')} (epoch {state.get('epoch')})"),
+        ("batch", f"{t.batch_size} x {procs} process(es) x {t.grad_accum} accumulation = "
+                  f"{t.batch_size * procs * t.grad_accum} examples per step"),
+        ("optimizer", f"AdamW, lr {t.lr:g}, weight decay {t.weight_decay:g}, gradient clipping {t.max_grad_norm:g}"),
+        ("schedule", f"linear warmup over {t.warmup_ratio:.0%} of steps, cosine decay to {t.min_lr_ratio:g} x lr"),
+        ("precision", {"no": "fp32", "": "fp32", None: "fp32"}.get(first.get("mixed_precision"),
+                                                                  first.get("mixed_precision"))),
+        ("seed", str(t.seed)),
+        ("launches", f"{len(launches)} (resumed {max(len(launches) - 1, 0)} time(s))"),
+    ]
+    if cfg.peft.method == "lora":
+        p = cfg.peft
+        rows.append(("LoRA", f"r {p.r}, alpha {p.alpha:g}, dropout {p.dropout:g}, targets "
+                             f"{', '.join(p.target_modules) or 'peft default'}"))
+    return ["| setting | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
+
+
+def _evaluations(run_dir: Path, state: dict) -> dict[str, dict]:
+    """evaluate.py's metrics.json of final/ per split, where it scored this final model (its step)."""
+    out = {}
+    for path in sorted((run_dir / "eval").glob("*-final/metrics.json")):
+        try:
+            m = artifacts.read_json(path)
+        except ValueError:
+            continue
+        if m.get("checkpoint") == "final" and m.get("step") == state.get("step"):
+            out[m["split"]] = m
+    return out
+
+
+def _last_validation(run_dir: Path) -> dict | None:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    last = None
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(r, dict) and isinstance(r.get("eval"), dict):
+            last = r
+    return last
+
+
+def _evaluation_lines(task, state: dict, evaluations: dict, run_dir: Path) -> list[str]:
+    lines = []
+    best = state.get("best") or {}
+    val = _last_validation(run_dir)
+    if val:
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in val["eval"].items() if isinstance(v, float))
+        lines.append(f"- **Validation** at step {val['step']}: {shown}.")
+    if best.get("value") is not None:
+        lines.append(f"- **Best validation {best['metric']}**: {best['value']:.4f} at step {best['step']}.")
+    for split, m in evaluations.items():
+        figures = ", ".join(f"{name} {value:.4f}" for _, name, value in task.card_metrics(m))
+        lines.append(f"- **{split}** ({m.get('precision', 'fp32')}, {m.get('runtime', 'torch')}): {figures}.")
+        if m.get("test_set"):
+            lines.append(f"  Test set: {m['test_set']}.")
+    if not evaluations:
+        lines.append("- No evaluate.py figures yet: `python pipeline/evaluate.py --split test` adds them here.")
+    return lines
+
+
+def _use_lines(cfg, task, run_dir: Path, adapter_only: bool) -> list[str]:
+    final = run_dir / "final"
+    if adapter_only:
+        cls = "AutoPeftModelForSequenceClassification" if task.peft_task_type == "SEQ_CLS" else "AutoPeftModelForCausalLM"
+        return ["```python", f"from peft import {cls}", f"model = {cls}.from_pretrained(\"{final / 'adapter'}\")", "```"]
+    return ["```python", "from transformers import pipeline", f"pipe = pipeline(\"{task.pipeline_tag}\", model=\"{final}\")",
+            "```"]
