@@ -59,7 +59,8 @@ def render(cfg, run_dir: Path) -> str:
         datasets=[cfg.source.path] if cfg.source.format == "hub" else None,
         metrics=sorted({kind for _, m in evaluations.items() for kind, _, _ in task.card_metrics(m)}) or None,
         tags=[TOOL, cfg.task, *(["lora"] if cfg.peft.method == "lora" else [])],
-        model_name=cfg.train.experiment or Path(cfg.output_dir).name,
+        model_name=" ".join(filter(None, (cfg.train.experiment or Path(cfg.output_dir).name,
+                                          Path(cfg.run_folder).name if cfg.run_folder else ""))),
         eval_results=results or None,
     )
     body = "\n".join([
@@ -129,7 +130,8 @@ def _data(cfg, state: dict) -> dict:
     if not pointer.is_file():
         return {}
     prepared = artifacts.read_json(pointer)
-    if state.get("fingerprints", {}).get("data") not in (prepared.get("content_fingerprint"), prepared.get("fingerprint")):
+    trained_on = state.get("fingerprints", {}).get("data")
+    if trained_on not in (prepared.get("content_fingerprint"), prepared.get("fingerprint")):
         return {"changed": True}
     return {"prepared": prepared, "manifests": stage_manifests(Path(prepared["stage_dir"]))}
 
@@ -171,7 +173,8 @@ def _data_lines(cfg, data: dict) -> list[str]:
         leak = (f"; documents with a near-duplicate in train (split.leakage `{c.get('leakage')}`): {_count(leaks)}"
                 if leaks else "")
         kept = "the source's own splits kept" if st.get("source_split_kept") else "split by ratio"
-        lines.append(f"- **Splits** ({kept}): " + ", ".join(f"{k} {v:,} documents" for k, v in docs.items()) + leak + ".")
+        sizes = ", ".join(f"{k} {v:,} documents" for k, v in docs.items())
+        lines.append(f"- **Splits** ({kept}): {sizes}{leak}.")
     label = man.get("label", {})
     if label:
         counts = label.get("stats", {}).get("class_counts", {}).get("train", {})
@@ -183,7 +186,8 @@ def _data_lines(cfg, data: dict) -> list[str]:
         lines.append(f"- **Tokens**: {st.get('kind')} tokenizer, max_length {st.get('max_length')}"
                      + (f"; {trunc:.1%} of train truncated." if trunc is not None else "."))
     prepared = data.get("prepared", {})
-    lines.append(f"- **Prepared data fingerprint**: `{prepared.get('content_fingerprint') or prepared.get('fingerprint')}`.")
+    fingerprint = prepared.get("content_fingerprint") or prepared.get("fingerprint")
+    lines.append(f"- **Prepared data fingerprint**: `{fingerprint}`.")
     return lines
 
 
@@ -260,7 +264,25 @@ def _evaluation_lines(task, state: dict, evaluations: dict, run_dir: Path) -> li
 def _use_lines(cfg, task, run_dir: Path, adapter_only: bool) -> list[str]:
     final = run_dir / "final"
     if adapter_only:
-        cls = "AutoPeftModelForSequenceClassification" if task.peft_task_type == "SEQ_CLS" else "AutoPeftModelForCausalLM"
-        return ["```python", f"from peft import {cls}", f"model = {cls}.from_pretrained(\"{final / 'adapter'}\")", "```"]
-    return ["```python", "from transformers import pipeline", f"pipe = pipeline(\"{task.pipeline_tag}\", model=\"{final}\")",
+        cls = {"SEQ_CLS": "AutoPeftModelForSequenceClassification"}.get(task.peft_task_type, "AutoPeftModelForCausalLM")
+        return ["```python", f"from peft import {cls}", f'model = {cls}.from_pretrained("{final / "adapter"}")', "```"]
+    return ["```python", "from transformers import pipeline", f'pipe = pipeline("{task.pipeline_tag}", model="{final}")',
             "```"]
+
+
+def push(final: Path, repo: str) -> str:
+    """Upload final/ (weights, tokenizer, card; not its manifest) to the hub model repo `repo`, created private
+    if missing. Returns the commit's URL. Online only; a failure is one line naming the repo."""
+    from huggingface_hub import HfApi
+
+    problem = artifacts.check_files(final)
+    if problem is not None:
+        raise ValueError(f"{final}: {problem}; not uploading a final model that fails its check")
+    api = HfApi()
+    try:
+        api.create_repo(repo, repo_type="model", private=True, exist_ok=True)
+        info = api.upload_folder(folder_path=str(final), repo_id=repo, repo_type="model",
+                                 ignore_patterns=[artifacts.MANIFEST], commit_message="Upload from finetune-pipeline")
+    except Exception as e:  # noqa: BLE001 - offline, no token, no rights: one line, not a traceback
+        raise ValueError(f"--push-to-hub {repo}: {type(e).__name__}: {' '.join(str(e).split())[:300]}") from None
+    return str(getattr(info, "commit_url", info))

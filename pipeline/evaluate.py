@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bf16", action="store_true", default=None,
                         help="deprecated: --precision bf16 (slow on CPUs without native bf16)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--push-to-hub", metavar="REPO",
+                        help="after evaluating final/, upload it with its model card to the hub model repo REPO "
+                             "(created private if missing; needs a token: `hf auth login` or HF_TOKEN)")
     parser.add_argument("--verbose", action="store_true", help="also the libraries' progress bars and load reports")
     args = parser.parse_args(argv)
     quiet_libraries(args.verbose)
@@ -48,9 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     # split and checkpoint names go in as given (a YAML parse would turn "100" into a number)
     cfg = dataclasses.replace(cfg, eval=dataclasses.replace(
         cfg.eval, split=args.split or cfg.eval.split, checkpoint=args.checkpoint or cfg.eval.checkpoint))
+    if args.push_to_hub and cfg.eval.checkpoint != "final":
+        parser.error(f"--push-to-hub uploads final/; it cannot go with --checkpoint {cfg.eval.checkpoint}")
     metrics = run.evaluate_checkpoint(cfg, args.config, progress=not args.quiet)
     if metrics is not None:  # the main process reports; the others only helped predict
         print(tasks.get(cfg.task).summary(metrics))
+        if args.push_to_hub:
+            from pipeline import card
+
+            print(f"uploaded {cfg.run_dir / 'final'} to {card.push(cfg.run_dir / 'final', args.push_to_hub)}")
     return 0
 
 

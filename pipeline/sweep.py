@@ -21,13 +21,17 @@ from pipeline.config import make_parser  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser("sweep.py", __doc__)
     parser.add_argument("--space", required=True, help="the sweep file: name, trials, seed, params (configs/sweeps/)")
+    parser.add_argument("--trials", type=int, help="trials in all (the sweep file's `trials`); raise it to extend a sweep")
+    parser.add_argument("--storage", default="", metavar="URL",
+                        help="Optuna's RDB storage (default: sqlite in the sweep folder); a database server every "
+                             "machine reaches (postgresql://...) lets sweeps on several machines share one study")
     parser.add_argument("--verbose", action="store_true", help="also the libraries' progress bars and load reports")
     args = parser.parse_args(argv)
     quiet_libraries(args.verbose)
     from pipeline import sweeping
     from pipeline.data.prepared import load_prepared
 
-    sweep = sweeping.open_sweep(Path(args.space), Path(args.config), list(args.overrides))
+    sweep = sweeping.open_sweep(Path(args.space), Path(args.config), list(args.overrides), args.trials, args.storage)
     load_prepared(sweep.cfg, args.config)  # the trials' data: prepared once, before the first trial
     return sweeping.run(sweep)
 

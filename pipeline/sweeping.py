@@ -15,6 +15,7 @@ finished before it, so an interrupted sweep draws what an uninterrupted one of t
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import fcntl
 import json
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import time
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -171,10 +172,15 @@ class Sweep:
         return self.folder / f"trial-{number:04d}"
 
 
-def open_sweep(spec_path: Path, config_path: Path, overrides: list[str]) -> Sweep:
+def open_sweep(spec_path: Path, config_path: Path, overrides: list[str], trials: int | None = None,
+               storage: str = "") -> Sweep:
     import optuna
 
     spec = read_spec(spec_path)
+    if trials is not None:
+        if trials < 1:
+            raise ConfigError(f"--trials must be at least 1, got {trials}")
+        spec = replace(spec, trials=trials)
     cfg = load_config(config_path, overrides)
     metric = spec.metric or cfg.train.metric_for_best
     task = tasks.get(cfg.task)
@@ -183,13 +189,16 @@ def open_sweep(spec_path: Path, config_path: Path, overrides: list[str]) -> Swee
                           f"({', '.join(task.metrics)})")
     dists = distributions(spec, config_path, overrides, str(spec_path))
     folder = Path(cfg.output_dir) / "sweeps" / spec.name
-    _check_same_sweep(folder, spec, config_path, overrides)
+    folder.mkdir(parents=True, exist_ok=True)
     sweep = Sweep(spec, cfg, config_path, overrides, folder, dists, metric, task.metrics[metric])
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = optuna.storages.RDBStorage(f"sqlite:///{(folder / 'study.db').resolve()}",
-                                         engine_kwargs={"connect_args": {"timeout": 60}})
-    sweep.study = optuna.create_study(study_name=spec.name, storage=storage, load_if_exists=True,
-                                      direction="maximize" if sweep.greater else "minimize", pruner=_pruner(spec))
+    url = storage or f"sqlite:///{(folder / 'study.db').resolve()}"
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    with _held(folder / ".ask.lock"):  # sweeps started at once on this machine: one creates the study's tables
+        _check_same_sweep(folder, spec, config_path, overrides)
+        rdb = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        sweep.study = optuna.create_study(study_name=spec.name, storage=rdb, load_if_exists=True,
+                                          direction="maximize" if sweep.greater else "minimize", pruner=_pruner(spec))
     return sweep
 
 
@@ -269,20 +278,21 @@ def _next_trial(sweep: Sweep, host: str):
     leaves either nothing, a waiting trial, or a running one whose parameters are fixed, never a second draw."""
     from optuna.trial import TrialState
 
-    trials = sweep.study.get_trials(deepcopy=False)
-    # a trial killed before its host label is this machine's too
-    for t in trials:
-        if t.state == TrialState.RUNNING and t.user_attrs.get("host", host) == host:
-            lock = _try_lock(sweep.trial_folder(t.number))  # None: a live sweep on this machine runs it
-            if lock is not None:
-                return t, lock
-    if not any(t.state == TrialState.WAITING for t in trials):
-        if len(trials) >= sweep.spec.trials:  # finished, failed, or running elsewhere: each counts once
-            return None, None
-        sweep.study.enqueue_trial(_draw(sweep, trials), user_attrs={"host": host})
-    trial = sweep.study.ask(sweep.dists)  # the oldest waiting trial, with its enqueued parameters
-    trial.set_user_attr("host", host)
-    return sweep.study.get_trials(deepcopy=False)[trial.number], _try_lock(sweep.trial_folder(trial.number))
+    with _held(sweep.folder / ".ask.lock"):  # sweep processes on this machine pick their next trial one at a time
+        trials = sweep.study.get_trials(deepcopy=False)
+        for t in trials:  # a trial killed before its host label is this machine's too
+            if t.state == TrialState.RUNNING and t.user_attrs.get("host", host) == host:
+                lock = _try_lock(sweep.trial_folder(t.number))  # None: a live sweep on this machine runs it
+                if lock is not None:
+                    return t, lock
+        if not any(t.state == TrialState.WAITING for t in trials):
+            if len(trials) >= sweep.spec.trials:  # finished, failed, or running elsewhere: each counts once
+                return None, None
+            sweep.study.enqueue_trial(_draw(sweep, trials), user_attrs={"host": host})
+        trial = sweep.study.ask(sweep.dists)  # the oldest waiting trial, with its enqueued parameters
+        trial.set_user_attr("host", host)
+        lock = _try_lock(sweep.trial_folder(trial.number))
+    return sweep.study.get_trials(deepcopy=False)[trial.number], lock
 
 
 def _draw(sweep: Sweep, trials: list) -> dict:
@@ -323,6 +333,17 @@ def _try_lock(folder: Path):
         os.close(fd)
         return None
     return fd
+
+
+@contextlib.contextmanager
+def _held(path: Path):
+    """An exclusive lock on `path` for the block (waiting for it)."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _unlock(fd) -> None:

@@ -77,9 +77,11 @@ def _make(name: str, cfg, run_dir: Path, run_id: str | None):
     if name == "wandb":
         import wandb
 
+        # its log is written every x_transaction_log_flush_interval seconds (15 by default): what a SIGKILL
+        # can lose; wandb has no flush call for a checkpoint to make
         return at.WandBTracker(project, mode=os.environ.get("WANDB_MODE", "offline"), dir=str(run_dir),
                                id=run_id, resume="allow", name=Path(cfg.output_dir).name,
-                               settings=wandb.Settings(console="off", silent=True))
+                               settings=wandb.Settings(console="off", silent=True, x_transaction_log_flush_interval=1.0))
     if name == "aim":  # no terminal capture or system sampling threads: the run's stdout stays ours
         return at.AimTracker(project, str(run_dir), run_hash=run_id, experiment=project,
                              capture_terminal_logs=False, system_tracking_interval=None, log_system_params=False)
@@ -118,6 +120,15 @@ def start(acc, cfg, run_dir: Path, fresh: bool) -> None:
     """The training run's trackers, on the main process; accelerate's log() and end_training() then reach them."""
     if acc.is_main_process:
         acc.trackers.extend(open_trackers(cfg, run_dir, fresh))
+
+
+def flush(acc) -> None:
+    """After a checkpoint: what the trackers hold of the run up to it goes to disk, so a SIGKILL after the
+    checkpoint loses none of it (TensorBoard's writer otherwise flushes every 2 minutes; MLflow's sqlite and
+    Aim's RocksDB write as they log)."""
+    for tracker in acc.trackers if acc.is_main_process else ():
+        if tracker.name == "tensorboard":
+            tracker.writer.flush()
 
 
 def numbers(tree: dict, prefix: str = "") -> dict[str, float]:

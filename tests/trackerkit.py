@@ -57,10 +57,10 @@ def _wandb_records(path: Path):
             pos += left
             continue
         _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if (kind == 0 and length == 0) or pos + 7 + length > len(data):
+            break  # the end, or a record cut short by a killed writer
         chunk = data[pos + 7:pos + 7 + length]
         pos += 7 + length
-        if kind == 0 and length == 0:
-            break
         pending = chunk if kind in (1, 2) else pending + chunk
         if kind in (1, 4):
             record = pb.Record()

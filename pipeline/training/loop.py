@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 
-from pipeline import allocator, artifacts, card
+from pipeline import allocator, artifacts, card, trackers
 from pipeline.config import Config
 from pipeline.training import batching, checkpoint, signals
 from pipeline.training.setup import Setup, export_final, prepare_run
@@ -283,6 +283,7 @@ def _save(s: Setup, st: TrainState) -> None:
     checkpoint.save_checkpoint(s.acc, s.ckpt_root, name, s.model, s.optimizer, s.scheduler, st.to_json())
     if s.acc.is_main_process:
         checkpoint.rotate(s.ckpt_root, s.cfg.train.keep_last, s.cfg.train.keep_best)
+    trackers.flush(s.acc)
     s.acc.wait_for_everyone()
 
 

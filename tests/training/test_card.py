@@ -49,3 +49,39 @@ def test_check_files_leaves_a_folders_readme_to_the_card(tmp_path):
     assert artifacts.check_files(tmp_path) is None
     (tmp_path / "notes.txt").write_text("?", encoding="utf-8")
     assert artifacts.check_files(tmp_path) == "notes.txt is not in the manifest"
+
+
+def test_push_to_hub_uploads_final_without_its_manifest_and_fails_in_one_line(tmp_path, monkeypatch):
+    """The upload is online only; here HfApi is replaced to see what it is asked, and made to fail as offline."""
+    import huggingface_hub
+
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "model.safetensors").write_bytes(b"w")
+    artifacts.write_files_manifest(final, kind="final")
+    (final / "README.md").write_text("card", encoding="utf-8")
+    calls = []
+
+    class Api:
+        def create_repo(self, repo, **kw):
+            calls.append(("create", repo, kw))
+
+        def upload_folder(self, **kw):
+            calls.append(("upload", kw))
+            return type("Commit", (), {"commit_url": "https://hf.co/me/m/commit/1"})()
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+    assert card.push(final, "me/m") == "https://hf.co/me/m/commit/1"
+    assert calls[0] == ("create", "me/m", {"repo_type": "model", "private": True, "exist_ok": True})
+    assert calls[1][1]["folder_path"] == str(final) and calls[1][1]["ignore_patterns"] == ["manifest.json"]
+
+    class Offline(Api):
+        def create_repo(self, repo, **kw):
+            raise OSError("Cannot reach https://huggingface.co: offline mode is enabled")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Offline)
+    with pytest.raises(ValueError, match=r"^--push-to-hub me/m: OSError: Cannot reach https://huggingface.co"):
+        card.push(final, "me/m")
+    (final / "model.safetensors").write_bytes(b"v")  # same size, other bytes
+    with pytest.raises(ValueError, match=r"does not match its sha256 .* not uploading"):
+        card.push(final, "me/m")

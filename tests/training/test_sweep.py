@@ -172,3 +172,23 @@ def test_a_sweep_folder_continues_only_the_sweep_it_started(tmp_path):
     with pytest.raises(ConfigError, match=r"holds a sweep started with another overrides"):
         space.write_text("name: a\ntrials: 5\nparams: {train.lr: {low: 1.0e-4, high: 1.0e-3}}\n", encoding="utf-8")
         sweeping.open_sweep(space, cfg, ["train.epochs=3"])
+
+
+@pytest.mark.slow
+def test_two_sweep_processes_share_one_study_and_run_each_trial_once(tmp_path):
+    """Two sweeps on one study at once (as machines sharing a database would): the trials in all, each once."""
+    cfg = build_prepared(tmp_path, train={"max_steps": 4, "eval_every": 2, "log_every": 2, "save_every": 2})
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE.replace("pruner_startup_trials: 1", "pruner: none"), encoding="utf-8")
+    procs = [subprocess.Popen(_cmd(cfg, space), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                              cwd=REPO) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    folder = cfg.parent / "out" / "sweeps" / "s"
+    trials = _trials(folder)
+    assert [t[0] for t in trials] == [0, 1, 2, 3] and {t[1] for t in trials} == {"COMPLETE"}
+    started = [line.split(":")[0] for out, _ in outs for line in out.splitlines() if line.startswith("trial ")
+               and ": train.lr=" in line]
+    assert sorted(started) == [f"trial {i}" for i in range(4)]  # each trial started by one process, once
+    assert all(len(json.loads((folder / f"trial-{i:04d}" / "run_info.json").read_text())["launches"]) == 1
+               for i in range(4))

@@ -14,7 +14,7 @@ import sys
 import pytest
 import trackerkit as tk
 from multikit import launch_two_processes, log_of, stop, wait_all, wait_for_step, workers
-from trainkit import REPO, _env, build_prepared, run_dir
+from trainkit import REPO, _env, build_prepared, launch, run_dir, run_train
 
 from pipeline import trackers
 from pipeline.config import ConfigError, load_config
@@ -84,6 +84,40 @@ def test_tensorboard_receives_the_same_scalars(tracked):
     for key, by_step in expected.items():  # event files hold float32
         assert got[key].keys() == by_step.keys(), key
         assert all(math.isclose(got[key][s], v, rel_tol=1e-6, abs_tol=1e-30) for s, v in by_step.items()), key
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_sigkill_resumes_into_the_same_tracker_runs(tmp_path):
+    """SIGKILL leaves no chance to close a tracker: MLflow's run stays RUNNING, Aim's lock stays on disk, W&B's
+    log may end mid-record. The resume continues each tracker run; MLflow, Aim and TensorBoard (flushed at each
+    checkpoint) hold every step, and W&B's values are the run's, less what it had not written when killed."""
+    cfg = build_prepared(tmp_path, train={"report_to": ALL, "max_steps": 10, "log_every": 1,
+                                          "eval_every": 5, "save_every": 2})
+    run = run_dir(cfg)
+    proc = launch(cfg)
+    try:
+        wait_for_step([proc], run, 5)
+    finally:
+        proc.kill()
+        proc.wait()
+    ids = json.loads((run / trackers.IDS).read_text())
+    resumed = run_train(cfg, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((run / trackers.IDS).read_text()) == ids
+    expected = tk.expected_scalars(run)
+    assert max(expected["train/loss"]) == 10
+    resumed_at = int(json.loads((run / "run_info.json").read_text())["launches"][1]["resumed_from"][-7:])
+    for name, read in READERS.items():
+        scalars, _, runs = read(run, ids[name])
+        assert runs == (2 if name == "wandb" else 1), name
+        for key, by_step in expected.items():
+            if name == "wandb":  # written every second: a kill loses up to a second of it, never a resumed step
+                assert scalars[key].items() <= by_step.items(), f"{name}: {key}"
+                assert {s for s in by_step if s > resumed_at} <= scalars[key].keys(), f"{name}: {key}"
+            else:
+                assert scalars[key] == by_step, f"{name}: {key}"
+    tb = tk.tensorboard_scalars(run)
+    assert all(tb[key].keys() == by_step.keys() for key, by_step in expected.items())
 
 
 def test_report_to_parses_commas_and_refuses_unknown_and_repeated_trackers(tmp_path):
