@@ -31,14 +31,17 @@ def test_metric_for_best_is_one_of_the_tasks_metrics():
 
 def test_every_field_of_the_contract_is_filled_by_every_task():
     """Every field without a default (the optional ones, outputs, loss_tokens, samples and LoRA's head, have None
-    as theirs); every task names its peft task type, so peft.method=lora works for each."""
+    as theirs); every task names its peft task type, so peft.method=lora works for each, and its hub pipeline
+    tag and headline figures, so its model card has them."""
     names = [f.name for f in dataclasses.fields(Task) if f.default is dataclasses.MISSING]
     assert [f.name for f in dataclasses.fields(Task) if f.name not in names] == [
-        "outputs", "loss_tokens", "samples", "peft_task_type", "head"]
+        "outputs", "loss_tokens", "samples", "peft_task_type", "head", "pipeline_tag", "card_metrics"]
     for name, task in tasks.TASKS.items():
         assert task.name == name
         assert all(getattr(task, f) is not None for f in names), name
         assert task.peft_task_type in ("SEQ_CLS", "CAUSAL_LM"), name
+        assert task.pipeline_tag in ("text-classification", "text-generation"), name
+        assert task.card_metrics is not Task.card_metrics, name
 
 
 def test_a_registered_task_supplies_the_stages_after_split(monkeypatch):

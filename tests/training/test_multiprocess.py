@@ -193,7 +193,8 @@ def test_two_machine_run_logs_once_and_checkpoints_once_per_step(two_machines):
     logs = log_of(cfg, "machine0") + log_of(cfg, "machine1")
     assert "2 process(es)" in logs and logs.count("finished at step 20") == 1  # only the main process reports
     assert [r["step"] for r in records(run)] == list(range(1, STEPS + 1))  # one line per step, not one per machine
-    assert len(list((run / "tensorboard").rglob("events.out.tfevents.*"))) == 1
+    assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1  # the scalars: one writer
+    assert len(list((run / "tensorboard").glob("*/events.out.tfevents.*"))) == 1  # the config as hparams, once
     root = run / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == [f"step-{s:07d}" for s in range(1, STEPS + 1)]  # no temporaries
     for path, state in checkpoint.complete_checkpoints(root):
