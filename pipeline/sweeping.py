@@ -352,8 +352,11 @@ def _unlock(fd) -> None:
 
 
 def trial_overrides(sweep: Sweep, number: int, params: dict) -> list[str]:
+    """The trial's command line: the sweep's overrides, its parameters, its folder, and the sweep's metric as the
+    one that ranks its checkpoints (so its `best` checkpoint is the one the sweep scored)."""
     return [*sweep.overrides, *(override(k, v) for k, v in params.items()),
-            f"run_folder={sweep.trial_folder(number)}", f"train.experiment={sweep.spec.name}"]
+            f"run_folder={sweep.trial_folder(number)}", f"train.experiment={sweep.spec.name}",
+            f"train.metric_for_best={sweep.metric}"]
 
 
 def _die_with_parent() -> None:
@@ -414,7 +417,7 @@ def _run_trial(sweep: Sweep, trial, frozen) -> None:
         sweep.study.tell(number, state=TrialState.PRUNED)
         print(f"trial {number}: pruned at step {pruned_at}", flush=True)
     elif code == 0:
-        best = _best(folder / "metrics.jsonl")
+        best = _best(folder / "metrics.jsonl", sweep.metric, sweep.greater)
         trial.set_user_attr("best_step", best["step"])
         trial.set_user_attr("steps", _last_step(folder / "metrics.jsonl"))
         sweep.study.tell(number, best["value"])
@@ -447,9 +450,15 @@ def _validations(path: Path, metric: str) -> list[tuple[int, float]]:
             and metric in r["eval"]]
 
 
-def _best(path: Path) -> dict:
-    finished = [r for r in _records(path) if r.get("event") == "finished"]
-    return finished[-1]["best"]
+def _best(path: Path, metric: str, greater: bool) -> dict:
+    """The trial's best validation of the sweep's metric, the later step on a tie (as checkpoint rotation ranks
+    them); from the validations themselves, so a run killed after its last checkpoint but before its `finished`
+    record (resumed: nothing to do) is scored the same."""
+    by_step = dict(_validations(path, metric))
+    if not by_step:
+        raise ValueError(f"{path}: the trial finished without a validation of {metric}")
+    step = max(by_step, key=lambda s: (by_step[s] if greater else -by_step[s], s))
+    return {"step": step, "value": by_step[step]}
 
 
 def _last_step(path: Path) -> int:
@@ -506,4 +515,5 @@ def _print_table(sweep: Sweep) -> None:
     summary = artifacts.read_json(sweep.folder / "summary.json")
     if summary["best"]:
         b = summary["best"]
-        print(f"best: trial {b['trial']}, {sweep.metric} {b['value']:.6g}, {b['params']}; model: {b['folder']}/final")
+        print(f"best: trial {b['trial']}, {sweep.metric} {b['value']:.6g}, {b['params']}; its best checkpoint: "
+              f"python pipeline/evaluate.py --config {b['folder']}/config.yaml --checkpoint best --split test")

@@ -149,7 +149,11 @@ def log_evaluation(cfg, run_dir: Path, metrics: dict, step: int | None) -> None:
         return
     values = {f"{metrics['split']}/{k}": v for k, v in numbers(metrics).items()
               if k not in ("step", "processes", "batch_size")}
-    named = [n for n in cfg.train.report_to if n != "tensorboard"]  # TensorBoard: eval/<split>/tensorboard
+    # the trackers the training run reported to (trackers.json) and the config's; TensorBoard has its own files
+    # (eval/<split>-<checkpoint>/tensorboard). One no longer installed is passed over, not an error.
+    ids = read_ids(run_dir)
+    named = [n for n in TRACKERS if n != "tensorboard" and (n in ids or n in cfg.train.report_to)
+             and importlib.util.find_spec(TRACKERS[n][0]) is not None]
     if not named:
         return
     for tracker in open_trackers(replace(cfg, train=replace(cfg.train, report_to=named)), run_dir, fresh=False):

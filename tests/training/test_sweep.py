@@ -192,3 +192,18 @@ def test_two_sweep_processes_share_one_study_and_run_each_trial_once(tmp_path):
     assert sorted(started) == [f"trial {i}" for i in range(4)]  # each trial started by one process, once
     assert all(len(json.loads((folder / f"trial-{i:04d}" / "run_info.json").read_text())["launches"]) == 1
                for i in range(4))
+
+
+def test_a_trials_score_is_its_best_validation_even_without_a_finished_record(tmp_path):
+    """A trial killed after its last checkpoint but before its `finished` line resumes to nothing to do: its score
+    comes from its validations, the later step on a tie, in the metric's direction."""
+    from pipeline import sweeping
+
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": 1, "loss": 1.0}, {"step": 2, "eval": {"accuracy": 0.5, "loss": 0.9}},
+            {"step": 4, "eval": {"accuracy": 0.7, "loss": 0.8}}, {"step": 6, "eval": {"accuracy": 0.7, "loss": 0.85}}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 7, "lo', encoding="utf-8")
+    assert sweeping._best(path, "accuracy", True) == {"step": 6, "value": 0.7}
+    assert sweeping._best(path, "loss", False) == {"step": 4, "value": 0.8}
+    with pytest.raises(ValueError, match="without a validation of macro_f1"):
+        sweeping._best(path, "macro_f1", True)

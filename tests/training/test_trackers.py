@@ -120,6 +120,19 @@ def test_a_run_killed_with_sigkill_resumes_into_the_same_tracker_runs(tmp_path):
     assert all(tb[key].keys() == by_step.keys() for key, by_step in expected.items())
 
 
+@pytest.mark.slow
+def test_evaluate_reports_into_the_trackers_the_run_used_whatever_its_command_line(tmp_path):
+    cfg = build_prepared(tmp_path, train={"max_steps": 4, "eval_every": 2, "save_every": 2})
+    assert run_train(cfg, "train.report_to=tensorboard,mlflow").returncode == 0  # mlflow on train's command line only
+    ev = subprocess.run([sys.executable, str(REPO / "pipeline" / "evaluate.py"), "--config", str(cfg), "--split", "test"],
+                        capture_output=True, text=True, timeout=180, env=_env(), cwd=REPO)
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    run = run_dir(cfg)
+    scalars, _, runs = tk.mlflow_scalars(run, json.loads((run / trackers.IDS).read_text())["mlflow"])
+    test = json.loads((run / "eval" / "test-final" / "metrics.json").read_text())
+    assert runs == 1 and scalars["test/document/accuracy"] == {4: test["document"]["accuracy"]}
+
+
 def test_report_to_parses_commas_and_refuses_unknown_and_repeated_trackers(tmp_path):
     cfg = build_prepared(tmp_path)
     assert load_config(cfg, ["train.report_to=tensorboard, mlflow"]).train.report_to == ["tensorboard", "mlflow"]
