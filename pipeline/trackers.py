@@ -105,10 +105,16 @@ def open_trackers(cfg, run_dir: Path, fresh: bool) -> list:
     ids = {} if fresh else read_ids(run_dir)
     started = []
     for name in cfg.train.report_to:
-        tracker = _make(name, cfg, run_dir, ids.get(name))
-        tracker.start()
-        if fresh:
-            tracker.store_init_configuration(params(cfg))
+        try:
+            tracker = _make(name, cfg, run_dir, ids.get(name))
+            tracker.start()
+            if fresh:
+                tracker.store_init_configuration(params(cfg))
+        except Exception as e:  # noqa: BLE001 - no login, a server that does not answer: one line, not a traceback
+            for t in started:
+                t.finish()
+            raise ValueError(f"train.report_to: {name} could not start: {type(e).__name__}: "
+                             f"{' '.join(str(e).split())[:300]} (drop it from train.report_to, or fix its setup)") from None
         started.append(tracker)
     kept = {t.name: _run_id(t) for t in started if _run_id(t)}
     if kept != {k: ids.get(k) for k in kept}:

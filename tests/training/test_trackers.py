@@ -164,3 +164,14 @@ def test_train_refuses_a_missing_tracker_before_any_work(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO)
     assert p.returncode != 0 and "train.report_to: aim is not installed" in p.stderr.strip().splitlines()[-1]
     assert not run_dir(cfg).exists()
+
+
+def test_a_tracker_that_cannot_start_is_one_line_and_leaves_no_lock(tmp_path, monkeypatch):
+    """An MLflow server that does not answer (here: a tracking URI of a scheme MLflow does not know) is one line;
+    Aim, started before it, holds no lock on its run afterwards (a resume could not open it otherwise)."""
+    cfg = load_config(build_prepared(tmp_path), ["train.report_to=aim,mlflow"])
+    cfg.run_dir.mkdir(parents=True)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuch://server")
+    with pytest.raises(ValueError, match=r"^train.report_to: mlflow could not start: \w+: .*\(drop it from "):
+        trackers.open_trackers(cfg, cfg.run_dir, fresh=True)
+    assert (cfg.run_dir / ".aim" / "locks").is_dir() and list((cfg.run_dir / ".aim" / "locks").iterdir()) == []
