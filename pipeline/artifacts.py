@@ -105,6 +105,18 @@ def atomic_dir(final: str | Path, replace: bool = False) -> Iterator[Path]:
         os.close(lock)
 
 
+@contextlib.contextmanager
+def locked(path: str | Path) -> Iterator[None]:
+    """An exclusive lock on the lock file `path` (created if missing) for the block, waiting for it; the kernel
+    releases it however the process ends."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def remove_stale_temporaries(parent: str | Path) -> list[Path]:
     """Delete the temporary files and directories that writers which died mid-write left here."""
     removed = []

@@ -11,26 +11,25 @@ final/ fail its check.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from pipeline import artifacts, tasks
+from pipeline import artifacts, tasks, trackers
+from pipeline.training.rundir import read_records
 
 CARD = "README.md"
 TOOL = "finetune-pipeline"
 
 
-def write(cfg, run_dir: Path | None = None) -> Path | None:
+def write(cfg) -> Path | None:
     """final/README.md from the run folder; None when there is no final model (yet)."""
-    run_dir = run_dir or cfg.run_dir
+    run_dir = cfg.run_dir
     final = run_dir / "final"
     if not (final / "config.json").is_file() or not (final / "state.json").is_file():
         return None
-    text = render(cfg, run_dir)
-    tmp = run_dir / f".{CARD}.tmp"  # beside final/, not in it: a crash leaves no stray file inside final/
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, final / CARD)
+    staged = run_dir / f".{CARD}.staged"  # written beside final/, not in it: a crash leaves no stray file inside
+    artifacts.write_text_atomic(staged, render(cfg, run_dir))
+    os.replace(staged, final / CARD)
     return final / CARD
 
 
@@ -45,10 +44,11 @@ def render(cfg, run_dir: Path) -> str:
     base, base_meta = _base(cfg)
     dataset_type = cfg.source.path if cfg.source.format == "hub" else "local"
     dataset_name = _source_name(cfg)
+    figures = {split: task.card_metrics(m) for split, m in evaluations.items()}
     results = [EvalResult(task_type=task.pipeline_tag, dataset_type=dataset_type, dataset_name=dataset_name,
                           dataset_split=split, dataset_config=cfg.source.hub_config or None,
                           metric_type=kind, metric_name=f"{name} ({split})", metric_value=float(value))
-               for split, m in evaluations.items() for kind, name, value in task.card_metrics(m)]
+               for split, rows in figures.items() for kind, name, value in rows]
     adapter_only = cfg.peft.method != "none" and not cfg.peft.merge_final
     meta = ModelCardData(
         base_model=base if _is_hub_id(base) else None,
@@ -57,9 +57,9 @@ def render(cfg, run_dir: Path) -> str:
         license=base_meta.get("license"),
         language=base_meta.get("language"),
         datasets=[cfg.source.path] if cfg.source.format == "hub" else None,
-        metrics=sorted({kind for _, m in evaluations.items() for kind, _, _ in task.card_metrics(m)}) or None,
+        metrics=sorted({kind for rows in figures.values() for kind, _, _ in rows}) or None,
         tags=[TOOL, cfg.task, *(["lora"] if cfg.peft.method == "lora" else [])],
-        model_name=" ".join(filter(None, (cfg.train.experiment or Path(cfg.output_dir).name,
+        model_name=" ".join(filter(None, (trackers.experiment_name(cfg),
                                           Path(cfg.run_folder).name if cfg.run_folder else ""))),
         eval_results=results or None,
     )
@@ -69,7 +69,7 @@ def render(cfg, run_dir: Path) -> str:
         f"{' at commit ' + info['git_commit'][:12] if info.get('git_commit') else ''}.", "",
         "## Data", "", *_data_lines(cfg, data), "",
         "## Training", "", *_training_lines(cfg, state, info), "",
-        "## Evaluation", "", *_evaluation_lines(task, state, evaluations, run_dir), "",
+        "## Evaluation", "", *_evaluation_lines(state, evaluations, figures, run_dir), "",
         "## Use", "", *_use_lines(cfg, task, run_dir, adapter_only), "",
     ])
     return f"---\n{meta.to_yaml()}\n---\n\n{body}"
@@ -103,7 +103,7 @@ def _base(cfg) -> tuple[str, dict]:
         found = ModelCard.load(card).data.to_dict()
     except Exception:  # noqa: BLE001 - a base card the hub library cannot parse says nothing we can use
         return name, {}
-    return name, {k: found[k] for k in ("license", "language", "base_model") if found.get(k)}
+    return name, {k: found[k] for k in ("license", "language") if found.get(k)}
 
 
 def _describe_model(cfg, base: str, task) -> str:
@@ -228,21 +228,10 @@ def _evaluations(run_dir: Path, state: dict) -> dict[str, dict]:
 
 
 def _last_validation(run_dir: Path) -> dict | None:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    last = None
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(r, dict) and isinstance(r.get("eval"), dict):
-            last = r
-    return last
+    return next((r for r in reversed(read_records(run_dir / "metrics.jsonl")) if isinstance(r.get("eval"), dict)), None)
 
 
-def _evaluation_lines(task, state: dict, evaluations: dict, run_dir: Path) -> list[str]:
+def _evaluation_lines(state: dict, evaluations: dict, figures: dict, run_dir: Path) -> list[str]:
     lines = []
     best = state.get("best") or {}
     val = _last_validation(run_dir)
@@ -252,8 +241,8 @@ def _evaluation_lines(task, state: dict, evaluations: dict, run_dir: Path) -> li
     if best.get("value") is not None:
         lines.append(f"- **Best validation {best['metric']}**: {best['value']:.4f} at step {best['step']}.")
     for split, m in evaluations.items():
-        figures = ", ".join(f"{name} {value:.4f}" for _, name, value in task.card_metrics(m))
-        lines.append(f"- **{split}** ({m.get('precision', 'fp32')}, {m.get('runtime', 'torch')}): {figures}.")
+        shown = ", ".join(f"{name} {value:.4f}" for _, name, value in figures[split])
+        lines.append(f"- **{split}** ({m.get('precision', 'fp32')}, {m.get('runtime', 'torch')}): {shown}.")
         if m.get("test_set"):
             lines.append(f"  Test set: {m['test_set']}.")
     if not evaluations:

@@ -145,26 +145,34 @@ def _range_text(bounds: str) -> str:
     return f" in {bounds}"
 
 
-def _set_dotted(tree: dict, key: str, value: Any) -> None:
+def option_type(key: str) -> Any:
+    """The annotated type of the option `section.key` (or a top-level key); an unknown key, or a section, is a
+    ConfigError naming it."""
     parts = key.split(".")
-    node = tree
     cls: Any = Config
     for i, part in enumerate(parts):
-        valid = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+        valid = [f.name for f in dataclasses.fields(cls)]
         if part not in valid:
             raise _unknown_key(".".join(parts[: i + 1]), valid)
         tp = typing.get_type_hints(cls)[part]
         if i == len(parts) - 1:
             if dataclasses.is_dataclass(tp):
                 raise ConfigError(f"{key} is a section; set one of its keys, e.g. {key}.{dataclasses.fields(tp)[0].name}=...")
-            node[part] = value
-        else:
-            if not dataclasses.is_dataclass(tp):
-                raise ConfigError(f"{'.'.join(parts[: i + 1])} is not a section and has no key '{parts[i + 1]}'")
-            if not isinstance(node.get(part), dict):
-                node[part] = {}
-            node = node[part]
-            cls = tp
+            return tp
+        if not dataclasses.is_dataclass(tp):
+            raise ConfigError(f"{'.'.join(parts[: i + 1])} is not a section and has no key '{parts[i + 1]}'")
+        cls = tp
+
+
+def _set_dotted(tree: dict, key: str, value: Any) -> None:
+    option_type(key)  # the key names an option
+    *sections, last = key.split(".")
+    node = tree
+    for part in sections:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[last] = value
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -17,13 +17,11 @@ converted again.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib
 import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Iterator
 
 from pipeline import artifacts
 
@@ -115,7 +113,7 @@ def gguf_folder(path: Path, name: str | None = None) -> Path:
     folder = root / sha[:16]
     if _cache_problem(folder, sha) is None:
         return folder
-    with _locked(root / f"{folder.name}.lock"):  # another process (an accelerate rank) may be converting it
+    with artifacts.locked(root / f"{folder.name}.lock"):  # another process (an accelerate rank) may be converting it
         problem = _cache_problem(folder, sha)
         if problem is None:
             return folder
@@ -152,16 +150,6 @@ def source_sha256(path: Path, root: Path) -> str:
     artifacts.write_json_atomic(record, {"path": str(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
                                          "sha256": sha})
     return sha
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _convert_gguf(path: Path, dest: Path, name: str) -> None:

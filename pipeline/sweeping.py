@@ -15,140 +15,24 @@ finished before it, so an interrupted sweep draws what an uninterrupted one of t
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import fcntl
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-import typing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pipeline import artifacts, tasks
-from pipeline.config import REPO_ROOT, Config, ConfigError, load_config, override, read_yaml
+from pipeline.config import REPO_ROOT, Config, ConfigError, load_config, override
+from pipeline.sweep_space import Spec, distributions, read_spec
+from pipeline.training.rundir import read_records
 
-SPEC_KEYS = {"name", "trials", "seed", "metric", "sampler", "startup_trials", "pruner", "pruner_startup_trials",
-             "pruner_warmup_steps", "params"}
 EXIT_INTERRUPTED = 75  # as train.py: stopped by a signal; rerun the same command to continue
-
-
-@dataclass(frozen=True)
-class Spec:
-    """The sweep file (configs/sweeps/*.yaml)."""
-    name: str
-    trials: int
-    params: dict  # config key -> {low, high[, log, step]} or {choices: [...]}
-    seed: int = 0
-    metric: str = ""  # empty: train.metric_for_best
-    sampler: str = "tpe"  # tpe or random
-    startup_trials: int = 4  # tpe: random trials before the model of good and bad trials takes over
-    pruner: str = "median"  # median or none
-    pruner_startup_trials: int = 2  # trials finished before any is pruned
-    pruner_warmup_steps: int = 0  # no pruning at validations before this step
-    source: dict = field(default_factory=dict)
-
-
-def read_spec(path: Path) -> Spec:
-    """The sweep file, every problem one line naming the file and key."""
-    tree = read_yaml(path)
-    where = str(path)
-    unknown = set(tree) - SPEC_KEYS
-    if unknown:
-        raise ConfigError(f"{where}: unknown key '{sorted(unknown)[0]}'; the keys are {', '.join(sorted(SPEC_KEYS))}")
-    for key in ("name", "trials", "params"):
-        if key not in tree:
-            raise ConfigError(f"{where}: '{key}' is missing")
-    hints = typing.get_type_hints(Spec)
-    values = {}
-    for key, value in tree.items():
-        tp = hints[key]
-        if tp is int and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise ConfigError(f"{where}: {key}: expected a whole number >= 0, got {value!r}")
-        if tp is str and not isinstance(value, str):
-            raise ConfigError(f"{where}: {key}: expected text, got {value!r}")
-        values[key] = value
-    if values["trials"] < 1:
-        raise ConfigError(f"{where}: trials: expected at least 1, got {values['trials']}")
-    if not values["name"] or "/" in values["name"] or values["name"].startswith("."):
-        raise ConfigError(f"{where}: name: {values['name']!r} must be a plain folder name")
-    for key, choices in (("sampler", ("tpe", "random")), ("pruner", ("median", "none"))):
-        if key in values and values[key] not in choices:
-            raise ConfigError(f"{where}: {key}: {values[key]!r} is not one of {', '.join(map(repr, choices))}")
-    if not isinstance(values["params"], dict) or not values["params"]:
-        raise ConfigError(f"{where}: params: expected a mapping of config keys to ranges or choices")
-    return Spec(**values, source=tree)
-
-
-def distributions(spec: Spec, cfg_path: Path, overrides: list[str], where: str) -> dict:
-    """Optuna distributions of the space; each key checked to be a config key whose every bound loads."""
-    import optuna.distributions as od
-
-    from pipeline.schema import Config as Schema
-
-    out = {}
-    for key, d in spec.params.items():
-        at = f"{where}: params.{key}"
-        if not isinstance(d, dict):
-            raise ConfigError(f"{at}: expected {{low: ..., high: ...[, log: true]}} or {{choices: [...]}}, got {d!r}")
-        section, _, name = key.partition(".")
-        tp = _field_type(Schema, section, name)
-        if tp is None:
-            try:
-                load_config(cfg_path, [*overrides, f"{key}=0"])
-            except ConfigError as e:
-                raise ConfigError(f"{at}: {e}") from None
-            raise ConfigError(f"{at}: not a config option")
-        if "choices" in d:
-            extra = set(d) - {"choices"}
-            choices = d["choices"]
-            if extra or not isinstance(choices, list) or not choices:
-                raise ConfigError(f"{at}: expected {{choices: [a, b, ...]}} alone, got {d!r}")
-            if any(not isinstance(c, (int, float, str, bool)) for c in choices):
-                raise ConfigError(f"{at}: choices must be numbers, text or true/false, got {choices!r}")
-            dist, bounds = od.CategoricalDistribution(choices), choices
-        else:
-            extra = set(d) - {"low", "high", "log", "step"}
-            if extra or "low" not in d or "high" not in d:
-                raise ConfigError(f"{at}: expected low and high (and optionally log, step), got {d!r}")
-            low, high, log, step = d["low"], d["high"], bool(d.get("log", False)), d.get("step")
-            if tp not in (int, float) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                 for x in (low, high)):
-                raise ConfigError(f"{at}: a range needs a number option and numbers low/high; use choices for {key}")
-            if not low < high:
-                raise ConfigError(f"{at}: low ({low}) must be below high ({high})")
-            try:
-                if tp is int:
-                    dist = od.IntDistribution(int(low), int(high), log=log, step=int(step or 1))
-                else:
-                    dist = od.FloatDistribution(float(low), float(high), log=log, step=step)
-            except ValueError as e:
-                raise ConfigError(f"{at}: {e}") from None
-            bounds = [low, high]
-        for value in bounds:  # every end of the space is a valid config
-            try:
-                load_config(cfg_path, [*overrides, override(key, value)])
-            except ConfigError as e:
-                raise ConfigError(f"{at}: {value!r}: {e}") from None
-        out[key] = dist
-    return out
-
-
-def _field_type(schema: type, section: str, name: str) -> Any:
-    import dataclasses
-
-    hints = typing.get_type_hints(schema)
-    if not name:
-        return hints.get(section) if not dataclasses.is_dataclass(hints.get(section)) else None
-    sub = hints.get(section)
-    if sub is None or not dataclasses.is_dataclass(sub):
-        return None
-    return typing.get_type_hints(sub).get(name)
 
 
 # ---------------------------------------------------------------- the sweep
@@ -194,7 +78,7 @@ def open_sweep(spec_path: Path, config_path: Path, overrides: list[str], trials:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = storage or f"sqlite:///{(folder / 'study.db').resolve()}"
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    with _held(folder / ".ask.lock"):  # sweeps started at once on this machine: one creates the study's tables
+    with artifacts.locked(folder / ".ask.lock"):  # sweeps started at once on this machine: one creates the study's tables
         _check_same_sweep(folder, spec, config_path, overrides)
         rdb = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
         sweep.study = optuna.create_study(study_name=spec.name, storage=rdb, load_if_exists=True,
@@ -204,8 +88,8 @@ def open_sweep(spec_path: Path, config_path: Path, overrides: list[str], trials:
 
 def _check_same_sweep(folder: Path, spec: Spec, config_path: Path, overrides: list[str]) -> None:
     """A sweep folder continues only the sweep it was started with: the same space, config file and overrides."""
-    record = {"spec": {k: v for k, v in spec.source.items() if k != "trials"}, "config": str(config_path), "config_text": config_path.read_text(encoding="utf-8"),
-              "overrides": overrides}
+    record = {"spec": {k: v for k, v in spec.source.items() if k != "trials"}, "config": str(config_path),
+              "config_text": config_path.read_text(encoding="utf-8"), "overrides": overrides}
     path = folder / "sweep.json"
     if path.is_file():
         have = artifacts.read_json(path)
@@ -214,7 +98,6 @@ def _check_same_sweep(folder: Path, spec: Spec, config_path: Path, overrides: li
                 raise ConfigError(f"{folder} holds a sweep started with another {what} ({path}); rerun it as it "
                                   f"was started (only `trials` may change), or give the sweep another name")
         return
-    folder.mkdir(parents=True, exist_ok=True)
     artifacts.write_json_atomic(path, record)
 
 
@@ -260,12 +143,12 @@ def run(sweep: Sweep) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    _write_table(sweep)
+    rows, summary = _write_table(sweep)
     if sweep.stopping:
         print(f"sweep stopped by {sweep.stopping}; rerun the same command to continue (exit {EXIT_INTERRUPTED})",
               file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
-    _print_table(sweep)
+    _print_table(sweep, rows, summary)
     return 0
 
 
@@ -278,7 +161,7 @@ def _next_trial(sweep: Sweep, host: str):
     leaves either nothing, a waiting trial, or a running one whose parameters are fixed, never a second draw."""
     from optuna.trial import TrialState
 
-    with _held(sweep.folder / ".ask.lock"):  # sweep processes on this machine pick their next trial one at a time
+    with artifacts.locked(sweep.folder / ".ask.lock"):  # sweep processes on this machine pick their next trial one at a time
         trials = sweep.study.get_trials(deepcopy=False)
         for t in trials:  # a trial killed before its host label is this machine's too
             if t.state == TrialState.RUNNING and t.user_attrs.get("host", host) == host:
@@ -333,17 +216,6 @@ def _try_lock(folder: Path):
         os.close(fd)
         return None
     return fd
-
-
-@contextlib.contextmanager
-def _held(path: Path):
-    """An exclusive lock on `path` for the block (waiting for it)."""
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _unlock(fd) -> None:
@@ -431,22 +303,8 @@ def _run_trial(sweep: Sweep, trial, frozen) -> None:
         print(f"trial {number}: failed (exit {code}): {last}; see {folder / 'train.log'}", flush=True)
 
 
-def _records(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line being written
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
-
-
 def _validations(path: Path, metric: str) -> list[tuple[int, float]]:
-    return [(r["step"], r["eval"][metric]) for r in _records(path) if isinstance(r.get("eval"), dict)
+    return [(r["step"], r["eval"][metric]) for r in read_records(path) if isinstance(r.get("eval"), dict)
             and metric in r["eval"]]
 
 
@@ -462,7 +320,7 @@ def _best(path: Path, metric: str, greater: bool) -> dict:
 
 
 def _last_step(path: Path) -> int:
-    return max((r["step"] for r in _records(path) if "step" in r), default=0)
+    return max((r["step"] for r in read_records(path) if "step" in r), default=0)
 
 
 def _last_line(path: Path) -> str:
@@ -486,10 +344,11 @@ def table(sweep: Sweep) -> list[dict]:
     return rows
 
 
-def _write_table(sweep: Sweep) -> None:
+def _write_table(sweep: Sweep) -> tuple[list[dict], dict | None]:
+    """trials.csv and summary.json; the rows and the summary, for printing."""
     rows = table(sweep)
     if not rows:
-        return
+        return rows, None
     tmp = sweep.folder / "trials.csv.tmp"
     with open(tmp, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -498,22 +357,22 @@ def _write_table(sweep: Sweep) -> None:
     os.replace(tmp, sweep.folder / "trials.csv")
     complete = [t for t in sweep.study.get_trials(deepcopy=False) if t.value is not None]
     best = sweep.study.best_trial if complete else None
-    artifacts.write_json_atomic(sweep.folder / "summary.json", {
+    summary = {
         "name": sweep.spec.name, "metric": sweep.metric, "direction": "maximize" if sweep.greater else "minimize",
         "trials": len(rows), "states": {s: sum(r["state"] == s for r in rows) for s in {r["state"] for r in rows}},
         "best": None if best is None else {"trial": best.number, "value": best.value, "params": best.params,
                                            "folder": str(sweep.trial_folder(best.number))},
-    })
+    }
+    artifacts.write_json_atomic(sweep.folder / "summary.json", summary)
+    return rows, summary
 
 
-def _print_table(sweep: Sweep) -> None:
-    rows = table(sweep)
+def _print_table(sweep: Sweep, rows: list[dict], summary: dict | None) -> None:
     keys = ["trial", "state", *sweep.dists, sweep.metric, "steps", "minutes"]
     print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
     for r in rows:
         print("| " + " | ".join(f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]) for k in keys) + " |")
-    summary = artifacts.read_json(sweep.folder / "summary.json")
-    if summary["best"]:
+    if summary and summary["best"]:
         b = summary["best"]
         print(f"best: trial {b['trial']}, {sweep.metric} {b['value']:.6g}, {b['params']}; its best checkpoint: "
               f"python pipeline/evaluate.py --config {b['folder']}/config.yaml --checkpoint best --split test")

@@ -103,20 +103,21 @@ def open_trackers(cfg, run_dir: Path, fresh: bool) -> list:
     """The config's trackers started on this (main) process: a fresh run's get new tracker runs and the config
     as parameters; otherwise each continues the tracker run trackers.json names. Their ids are saved."""
     ids = {} if fresh else read_ids(run_dir)
+    config = params(cfg) if fresh else None
     started = []
     for name in cfg.train.report_to:
         try:
             tracker = _make(name, cfg, run_dir, ids.get(name))
             tracker.start()
-            if fresh:
-                tracker.store_init_configuration(params(cfg))
+            if config is not None:
+                tracker.store_init_configuration(config)
         except Exception as e:  # noqa: BLE001 - no login, a server that does not answer: one line, not a traceback
             for t in started:
                 t.finish()
             raise ValueError(f"train.report_to: {name} could not start: {type(e).__name__}: "
                              f"{' '.join(str(e).split())[:300]} (drop it from train.report_to, or fix its setup)") from None
         started.append(tracker)
-    kept = {t.name: _run_id(t) for t in started if _run_id(t)}
+    kept = {t.name: run_id for t in started if (run_id := _run_id(t))}
     if kept != {k: ids.get(k) for k in kept}:
         artifacts.write_json_atomic(run_dir / IDS, {**ids, **kept})
     return started
@@ -153,8 +154,6 @@ def log_evaluation(cfg, run_dir: Path, metrics: dict, step: int | None) -> None:
     """evaluate.py's figures, `<split>/<metric>`, into the tracker runs the training run opened (main process)."""
     if not run_dir.is_dir():
         return
-    values = {f"{metrics['split']}/{k}": v for k, v in numbers(metrics).items()
-              if k not in ("step", "processes", "batch_size")}
     # the trackers the training run reported to (trackers.json) and the config's; TensorBoard has its own files
     # (eval/<split>-<checkpoint>/tensorboard). One no longer installed is passed over, not an error.
     ids = read_ids(run_dir)
@@ -162,6 +161,8 @@ def log_evaluation(cfg, run_dir: Path, metrics: dict, step: int | None) -> None:
              and importlib.util.find_spec(TRACKERS[n][0]) is not None]
     if not named:
         return
+    values = {f"{metrics['split']}/{k}": v for k, v in numbers(metrics).items()
+              if k not in ("step", "processes", "batch_size")}
     for tracker in open_trackers(replace(cfg, train=replace(cfg.train, report_to=named)), run_dir, fresh=False):
         tracker.log(values, step=step)
         tracker.finish()

@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 
-from pipeline import allocator, artifacts, card, trackers
+from pipeline import allocator, artifacts, trackers
 from pipeline.config import Config
 from pipeline.training import batching, checkpoint, signals
 from pipeline.training.setup import Setup, export_final, prepare_run
@@ -296,7 +296,6 @@ def _finish(s: Setup, st: TrainState) -> int:
         export_final(s, state, weights)
         s.log.write({"step": st.step, "event": "finished", "best": best, "final": str(s.run_dir / "final")})
         s.acc.log({f"best/{st.best.metric}": st.best.value, "best/step": st.best.step}, step=st.step)
-        card.write(s.cfg, s.run_dir)  # after the finished record: the card reads the last validation from it
         print(f"finished at step {st.step}; final model: {s.run_dir / 'final'}; best {best}", flush=True)
     s.acc.wait_for_everyone()
     return signals.EXIT_OK

@@ -110,6 +110,21 @@ class MetricsLog:
                 f.write(json.dumps(record) + "\n")
 
 
+def read_records(path: Path) -> list[dict]:
+    """metrics.jsonl's records, in order; a line being written (or torn) and anything not an object passed over."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
 def _records_up_to(path: Path, step: int) -> list[str]:
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     kept = []

@@ -297,7 +297,6 @@ def _nothing_to_do(s: Setup, ckpt: Path, saved: TrainState) -> None:
         if not (s.run_dir / "final" / "config.json").is_file():
             export_final(s, {"step": saved.step, "epoch": saved.epoch, "best": asdict(saved.best),
                              "fingerprints": saved.fingerprints}, weights)
-            card.write(s.cfg, s.run_dir)
             print(f"exported the final model to {s.run_dir / 'final'}", flush=True)
     s.acc.wait_for_everyone()
     return None
@@ -323,6 +322,7 @@ def export_final(s: Setup, state: dict | None, weights: dict) -> None:
         adapters.load_trained(s.run_dir / "final", model, weights)
         weights = None
     rundir.export_final(model, s.tok, s.run_dir / "final", state, weights, merge=s.cfg.peft.merge_final)
+    card.write(s.cfg)  # final/README.md, which evaluate.py rewrites with its figures
 
 
 def _announce(s: Setup, st: TrainState, ckpt: Path | None) -> None:
