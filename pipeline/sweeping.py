@@ -355,8 +355,8 @@ def _write_table(sweep: Sweep) -> tuple[list[dict], dict | None]:
         writer.writeheader()
         writer.writerows(rows)
     os.replace(tmp, sweep.folder / "trials.csv")
-    complete = [t for t in sweep.study.get_trials(deepcopy=False) if t.value is not None]
-    best = sweep.study.best_trial if complete else None
+    complete = [t for t in sweep.study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+    best = sweep.study.best_trial if complete else None  # a pruned trial has a value, but Optuna never ranks it
     summary = {
         "name": sweep.spec.name, "metric": sweep.metric, "direction": "maximize" if sweep.greater else "minimize",
         "trials": len(rows), "states": {s: sum(r["state"] == s for r in rows) for s in {r["state"] for r in rows}},

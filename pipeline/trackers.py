@@ -42,6 +42,11 @@ def experiment_name(cfg) -> str:
     return cfg.train.experiment or Path(cfg.output_dir).resolve().name
 
 
+def run_name(cfg) -> str:
+    """The tracker run's name: the run folder's where it is set (a sweep's trial-NNNN), else output_dir's."""
+    return Path(cfg.run_folder).name if cfg.run_folder else Path(cfg.output_dir).resolve().name
+
+
 def params(cfg) -> dict[str, Any]:
     """The resolved config as `section.key` scalars (lists and mappings as JSON): every tracker's parameter types."""
     from pipeline.config import flat
@@ -73,14 +78,14 @@ def _make(name: str, cfg, run_dir: Path, run_id: str | None):
 
         mlflow.set_tracking_uri(mlflow_uri(run_dir))
         return at.MLflowTracker(project, str((run_dir / "mlflow-artifacts").resolve()), run_id=run_id,
-                                run_name=Path(cfg.output_dir).name)
+                                run_name=run_name(cfg))
     if name == "wandb":
         import wandb
 
         # its log is written every x_transaction_log_flush_interval seconds (15 by default): what a SIGKILL
         # can lose; wandb has no flush call for a checkpoint to make
         return at.WandBTracker(project, mode=os.environ.get("WANDB_MODE", "offline"), dir=str(run_dir),
-                               id=run_id, resume="allow", name=Path(cfg.output_dir).name,
+                               id=run_id, resume="allow", name=run_name(cfg),
                                settings=wandb.Settings(console="off", silent=True, x_transaction_log_flush_interval=1.0))
     if name == "aim":  # no terminal capture or system sampling threads: the run's stdout stays ours
         return at.AimTracker(project, str(run_dir), run_hash=run_id, experiment=project,

@@ -207,3 +207,23 @@ def test_a_trials_score_is_its_best_validation_even_without_a_finished_record(tm
     assert sweeping._best(path, "loss", False) == {"step": 4, "value": 0.8}
     with pytest.raises(ValueError, match="without a validation of macro_f1"):
         sweeping._best(path, "macro_f1", True)
+
+
+def test_the_summary_names_no_best_trial_while_every_finished_trial_was_pruned(tmp_path):
+    """Optuna gives a pruned trial its last reported value but never ranks it: best_trial would raise."""
+    import optuna
+
+    from pipeline import sweeping, trackers
+    from pipeline.config import load_config
+
+    study = optuna.create_study(direction="maximize")
+    dist = {"train.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)}
+    trial = study.ask(dist)
+    trial.report(0.4, 2)
+    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    spec = sweeping.Spec(name="s", trials=2, params={})
+    sweep = sweeping.Sweep(spec, None, tmp_path / "c.yaml", [], tmp_path, dist, "accuracy", True, study=study)
+    rows, summary = sweeping._write_table(sweep)
+    assert [r["state"] for r in rows] == ["pruned"] and summary["best"] is None
+    cfg = load_config(build_prepared(tmp_path), [f"run_folder={tmp_path / 'trial-0003'}"])
+    assert trackers.run_name(cfg) == "trial-0003"  # each trial's tracker run is named for its folder
