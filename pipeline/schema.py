@@ -24,11 +24,17 @@ def opt(default: Any, help: str, choices: tuple | None = None, bounds: str | Non
 
 @dataclass(frozen=True)
 class SourceConfig:
-    format: str = opt("csv", "input format", ("jsonl", "csv", "tsv", "parquet", "folder", "hub"))
+    format: str = opt("csv", "input format (conversations: YAML files of question/answer conversations, the "
+                      "chatterbot-corpus layout, for task=instruct)",
+                      ("jsonl", "csv", "tsv", "parquet", "folder", "hub", "conversations"))
     path: str = opt("", "file, folder or hub dataset name; relative to `package` when that is set")
     package: str = opt("", "installed Python package whose folder holds `path` (found without importing it)")
     encoding: str = opt("utf-8", "text encoding of CSV/TSV/JSONL/.txt files (the tweets corpus is latin-1)")
-    text_field: str = opt("text", "column holding the text")
+    text_field: str = opt("text", "column holding the text (with prompt_field: the completion)")
+    prompt_field: str = opt("", "task=instruct: column holding a prompt; text_field then holds its completion (one user "
+                                "and one assistant message)")
+    messages_field: str = opt("", "task=instruct: column holding a conversation, a list of {role, content} objects "
+                                  "(roles system, user, assistant); text_field is then unused")
     label_field: str = opt("label", "column holding the raw label; empty for unlabelled text")
     id_field: str = opt("", "column with a stable document id; empty = derived from file and row")
     split_field: str = opt("", "column naming a split the source already has; empty = none")
@@ -88,6 +94,13 @@ class SplitConfig:
     use_source_split: bool = opt(True, "keep a split the source already has (validation carved from train)")
     leakage: str = opt("remove", "validation/test documents with a near-duplicate in train", ("remove", "report", "off"))
     leakage_threshold: float = opt(0.7, "Jaccard threshold of the leakage check", bounds="(0, 1]")
+    contamination: str = opt("report", "n-gram contamination check: validation/test documents sharing a word n-gram "
+                             "with train, and train documents sharing one with contamination_files; listed in "
+                             "contamination.jsonl, and removed with `remove`", ("remove", "report", "off"))
+    contamination_ngram: int = opt(13, "words per n-gram of the contamination check (GPT-3 and lm-eval-harness: 13)",
+                                   bounds="[1, inf)")
+    contamination_files: list = opt([], "evaluation files (a benchmark's test set: .jsonl with a text or messages "
+                                    "field, .txt/.md documents, or folders of them) that no train document may overlap")
     chunk: str = opt("none", "cut long documents into chunks", ("none", "sentence", "words"))
     chunk_size: int = opt(256, "words per chunk (chunk=words) or most words per chunk (chunk=sentence)", bounds="[1, inf)")
     chunk_overlap: int = opt(32, "words shared by consecutive chunks (chunk=words)", bounds="[0, inf)")
@@ -229,14 +242,22 @@ class EvalConfig:
 @dataclass(frozen=True)
 class LMConfig:
     block_size: int = opt(256, "task=causal_lm: tokens per training example; documents are packed into blocks with "
-                          "an end-of-text token after each", bounds="[8, inf)")
+                          "an end-of-text token after each. task=instruct: the most tokens of a block (an example "
+                          "longer than it is cut, and counted)", bounds="[8, inf)")
     boundaries: str = opt("document", "task=causal_lm: `document`: positions restart at each document and no token "
                           "attends to another document's (exact, as if each were alone); `none`: plain "
                           "concatenation, as transformers' run_clm", ("document", "none"))
-    prompts: list = opt(["The"], "task=causal_lm: prompts sampled from at each "
-                        "validation and by evaluate.py (TensorBoard text and samples.jsonl)")
+    prompts: list = opt(["The"], "task=causal_lm: prompts sampled from at the start, at each validation and by "
+                        "evaluate.py (run/samples/, TensorBoard text, samples.jsonl); task=instruct: questions, each "
+                        "asked as a user message through the chat template")
     sample_tokens: int = opt(80, "task=causal_lm: new tokens per sample", bounds="[0, inf)")
     sample_temperature: float = opt(0.8, "task=causal_lm: sampling temperature (0 = greedy)", bounds="[0, inf)")
+    packing: bool = opt(True, "task=instruct: examples packed into blocks of up to block_size tokens (none cut "
+                        "between two blocks; positions restart at each, so attention stays inside it), or one example "
+                        "per row")
+    template: str = opt("auto", "task=instruct: how a conversation becomes text: the tokenizer's chat template where "
+                        "it has one, else `plain` (User: ... / Assistant: ...<eos>), which is saved with the tokenizer",
+                        ("auto", "plain"))
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from pipeline.data.content import content_fingerprint
 from pipeline.data.engines.base import Stage, StageContext, StageFailed  # noqa: F401 - StageFailed: prepare.py's
 from pipeline.data.engines.local import LocalEngine
 from pipeline.data.engines.ops import num_rows
+from pipeline.data.io import conversation, references
 from pipeline.data.stages import clean, dedup, load, split, tokenize
 
 PREPARED = "prepared.json"
@@ -46,9 +47,15 @@ def stage_table(cfg: Config) -> list[Stage]:
         Stage("load", load.load, cfg.source),
         Stage("clean", clean.clean, cfg.clean),
         Stage("dedup", dedup.dedup, cfg.dedup),
-        Stage("split", split.split, cfg.split, uses=(cfg.dedup,)),  # the leakage check: ctx.similarity
+        # the leakage check: ctx.similarity; the contamination check: the evaluation files' bytes
+        Stage("split", split.split, cfg.split, uses=(cfg.dedup, *_evaluation_files(cfg))),
         *tasks.get(cfg.task).stages(cfg, Stage("tokenize", tokenize.tokenize, tok)),  # classification: label, tokenize
     ]
+
+
+def _evaluation_files(cfg: Config) -> tuple:
+    files = list(cfg.split.contamination_files) if cfg.split.contamination != "off" else []
+    return (references.fingerprint(files),) if files else ()
 
 
 PACKAGE_ROOT = Path(pipeline.__file__).parent
@@ -177,7 +184,8 @@ def _run_stages(cfg: Config, table: list[Stage], engine: Any, input_fp: str, fir
             if data is None and data_dir is not None:
                 data = load_stage(data_dir, table[k - 1].name)
             ctx = StageContext(out_dir=out, num_proc=cfg.prepare.num_proc, progress=progress,
-                               engine=engine.get(), similarity=cfg.dedup)
+                               engine=engine.get(), similarity=cfg.dedup,
+                               conversations=conversation.conversational(cfg.source))
             data, man = _run_stage(stage, data, out, fp, input_fp, ctx, data_dir)
             rows.append({**_row(man), "cached": False})
         input_fp, data_dir, manifests[stage.name] = fp, out, man

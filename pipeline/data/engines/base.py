@@ -98,6 +98,9 @@ class StageContext:
     progress: bool = True
     engine: Engine = None  # LocalEngine (None: a local one with num_proc) or engine_ray.RayEngine
     similarity: Any = None  # split: the DedupConfig whose MinHash settings the leakage check shares
+    # clean: the rows are conversations (pipeline/data/io/conversation.py), cleaned message by message; decided by the
+    # source section, which every stage's fingerprint covers through load's
+    conversations: bool = False
 
     def __post_init__(self):
         if self.engine is None:

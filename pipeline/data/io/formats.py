@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.data.io import folders, hub, parts, readers
+from pipeline.data.io import folders, hub, parts, readers, yaml_conversations
 from pipeline.schema import SourceConfig
 
 
@@ -14,6 +14,8 @@ def plan_parts(path: Path, cfg: SourceConfig, n: int) -> list[parts.Part]:
     at least one per MAX_PART_BYTES of a text file; n <= 1: the whole source, untouched."""
     if cfg.format == "hub":
         return hub.hub_parts(cfg, n)
+    if cfg.format == "conversations":  # a few small YAML files: one part
+        return [parts.WHOLE]
     if cfg.format == "folder":
         files = folders.folder_files(path, cfg) if n > 1 else None
         return [parts.Part(files=tuple(c)) for c in parts.runs(files, n)] if files else [parts.WHOLE]
@@ -52,6 +54,8 @@ def read_part(path: Path, cfg: SourceConfig, part: parts.Part = None, lines: boo
             return hub.read_hub(cfg, part)
         if cfg.format == "jsonl":
             return readers.read_jsonl(path, cfg, part, lines)
+        if cfg.format == "conversations":
+            return yaml_conversations.read_conversations(path, cfg, part)
         return readers.READERS[cfg.format](path, cfg, part)
     except ValueError as e:
         return None, parts.Facts(error=(1, None, str(e)))

@@ -21,22 +21,24 @@ from pathlib import Path
 import pyarrow as pa
 
 from pipeline.data.engines.ops import TEXT
-from pipeline.data.io import folders, parts
+from pipeline.data.io import conversation, folders, parts
 from pipeline.data.io.parts import WHOLE, Facts, Part
 from pipeline.schema import SourceConfig
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+PROMPT = "prompt"  # source.prompt_field's values, until load.finish_rows makes them and the completions one conversation
 
 
 def needed_columns(cfg: SourceConfig) -> dict[str, str]:
     """Contract column -> the source's column name, for the configured fields."""
-    pairs = {TEXT: cfg.text_field, "label": cfg.label_field, "id": cfg.id_field, "source_split": cfg.split_field}
+    pairs = {TEXT: cfg.messages_field or cfg.text_field, PROMPT: cfg.prompt_field, "label": cfg.label_field,
+             "id": cfg.id_field, "source_split": cfg.split_field}
     return {ours: theirs for ours, theirs in pairs.items() if theirs}
 
 
 def check_columns(available: list[str], cfg: SourceConfig, where: str) -> dict[str, str]:
     """The needed columns, or an error listing the columns that exist and the closest match."""
-    keys = {TEXT: "text_field", "label": "label_field", "id": "id_field", "source_split": "split_field"}
+    keys = {TEXT: "messages_field" if cfg.messages_field else "text_field", PROMPT: "prompt_field", "label": "label_field", "id": "id_field", "source_split": "split_field"}
     needed = needed_columns(cfg)
     for ours, theirs in needed.items():
         if available.count(theirs) > 1:  # pyarrow would silently take one of them
@@ -276,7 +278,7 @@ def read_jsonl_lines(path: Path, cfg: SourceConfig, part: Part = WHOLE) -> tuple
                 line = line.lstrip("\ufeff")  # a byte-order mark is not part of the first record
             if not line.strip():
                 continue
-            row = _parse_record(line, fields)
+            row = _parse_record(line, fields, bool(cfg.messages_field))
         except (UnicodeDecodeError, ValueError) as e:
             where = f"{path}:{_newlines_before(path, start) + k + 1 if start else k + 1}"
             if isinstance(e, UnicodeDecodeError):
@@ -305,18 +307,29 @@ def _raw_lines(path: Path, span: tuple | None):
         yield from f
 
 
-def _parse_record(line: str, fields: dict[str, str]) -> dict:
-    """One JSON object -> {contract column: str or None, None: the object's keys}."""
+def json_object(line: str) -> dict:
+    """One line of JSONL as a dict, or a ValueError saying what it is instead (the caller adds file:line)."""
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"not valid JSON ({e.msg} at column {e.colno})") from None
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _parse_record(line: str, fields: dict[str, str], messages: bool = False) -> dict:
+    """One JSON object -> {contract column: str or None, None: the object's keys}."""
+    obj = json_object(line)
     row: dict = {None: obj.keys()}
     for ours, theirs in fields.items():
         v = obj.get(theirs)
-        if isinstance(v, (dict, list)):
+        if ours == TEXT and messages and v is not None:  # source.messages_field: a list of {role, content}
+            try:
+                v = conversation.encode(v)
+            except ValueError as e:
+                raise ValueError(f"field '{theirs}': {e}") from None
+        elif isinstance(v, (dict, list)):
             raise ValueError(f"field '{theirs}' holds a JSON {type(v).__name__}, expected text")
         if isinstance(v, str):  # a lone surrogate (\ud83d) cannot be stored as UTF-8: make it U+FFFD
             v = _SURROGATE.sub("\ufffd", v)

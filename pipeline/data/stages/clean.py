@@ -13,6 +13,8 @@ Per text, in this order (each step is why the next one can be simple):
   7. URLs and @mentions kept, removed or replaced by a token
   8. whitespace runs collapsed to one space, ends stripped (keep_lines: within each line; line breaks kept)
 Rows are then dropped with a counted reason: empty_after_clean, too_short, too_long, too_few_words.
+A conversation (instruction data) is cleaned message by message, and dropped as empty_message when one
+is left empty.
 Words counted for min_words exclude the URL/mention replacement tokens ("[url]" is not content).
 """
 
@@ -29,6 +31,7 @@ from ftfy import badness
 
 from pipeline.data.engines.base import StageContext, StageResult
 from pipeline.data.engines.ops import TEXT, add_up
+from pipeline.data.io import conversation
 from pipeline.schema import CleanConfig
 
 # ftfy for encoding repair only; the later steps of this module own the rest
@@ -140,16 +143,35 @@ def drop_reason(text: str, cfg: CleanConfig) -> str:
     return ""
 
 
-def _clean_batch(batch: dict, cfg: CleanConfig) -> dict:
+def _clean_one(raw: str, cfg: CleanConfig) -> tuple[str, str, bool, bool]:
+    """(cleaned text, drop reason, repaired, still suspect) of one text."""
+    fixed = repair(raw) if cfg.fix_mojibake else raw
+    text = normalise(fixed, cfg)
+    return text, drop_reason(text, cfg), fixed != raw, not text.isascii() and badness.is_bad(text)
+
+
+def _clean_conversation(raw: str, cfg: CleanConfig) -> tuple[str, str, bool, bool]:
+    """A conversation cleaned message by message (the role marks kept); dropped when a message is left empty,
+    and by the other filters on its contents one per line (too short, too long, too few words)."""
+    messages = conversation.decode(raw)
+    results = [_clean_one(m["content"], cfg) for m in messages]
+    cleaned = [{"role": m["role"], "content": text} for m, (text, *_) in zip(messages, results)]
+    reason = "empty_message" if any(not text for text, *_ in results) else \
+        drop_reason("\n".join(text for text, *_ in results), cfg)
+    text = conversation.encode(cleaned) if reason != "empty_message" else ""
+    return text, reason, any(r[2] for r in results), any(r[3] for r in results)
+
+
+def _clean_batch(batch: dict, cfg: CleanConfig, conversations: bool = False) -> dict:
     """Batched map: new text, the drop reason, and two counters' worth of flags for the report."""
+    one = _clean_conversation if conversations else _clean_one
     texts, reasons, repaired, suspect = [], [], [], []
     for raw in batch[TEXT]:
-        fixed = repair(raw) if cfg.fix_mojibake else raw
-        text = normalise(fixed, cfg)
+        text, reason, fixed, bad = one(raw, cfg)
         texts.append(text)
-        reasons.append(drop_reason(text, cfg))
-        repaired.append(fixed != raw)
-        suspect.append(not text.isascii() and badness.is_bad(text))  # mojibake ftfy could not repair
+        reasons.append(reason)
+        repaired.append(fixed)
+        suspect.append(bad)  # mojibake ftfy could not repair
     return {TEXT: texts, "_drop": reasons, "_repaired": repaired, "_suspect": suspect}
 
 
@@ -180,7 +202,7 @@ def clean(ds, cfg: CleanConfig, ctx: StageContext) -> StageResult:
         datasets.disable_progress_bars()
     try:  # locally one process per ~5k rows at most: below that, starting processes costs more than it saves
         kept, (reasons, repaired, suspect) = ctx.engine.map_filter(
-            ds, functools.partial(_clean_batch, cfg=cfg), added, _kept, drop=["_drop", "_repaired", "_suspect"],
+            ds, functools.partial(_clean_batch, cfg=cfg, conversations=ctx.conversations), added, _kept, drop=["_drop", "_repaired", "_suspect"],
             tally=_tally, combine=add_up, min_rows_per_proc=5000, batch_size=1000, desc="clean", keep_in_memory=True,
             load_from_cache_file=False)
     finally:

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from pipeline import artifacts
 from pipeline.data.engines.base import StageContext, StageResult
 from pipeline.data.engines.ops import TEXT, unit_hash
-from pipeline.data.io import formats, parts, readers
+from pipeline.data.io import conversation, formats, parts, readers
 from pipeline.schema import SourceConfig
 
 COLUMNS = ("id", TEXT, "label", "source_split")
@@ -82,7 +82,7 @@ def load(_: None, cfg: SourceConfig, ctx: StageContext) -> StageResult:
     """Read the source into the id/text/label/source_split contract; drops counted by reason. The
     first stage has no input (None): the shape every stage has is (input, its config section, context).
     Files and the Hub's rows are read by the engine (`read_source` here, or in parts by Ray tasks)."""
-    if not cfg.text_field and cfg.format != "folder":
+    if not cfg.text_field and cfg.format not in ("folder", "conversations") and not cfg.messages_field:
         raise ValueError("source.text_field is empty: name the column that holds the text")
     if cfg.format == "hub":  # read_hub: load_dataset here, its rows read as a part (or, on Ray, in parts)
         path, where = Path(cfg.path), f"hub dataset '{cfg.path}'"
@@ -155,6 +155,7 @@ def finish_rows(table: pa.Table, cfg: SourceConfig, where: str, limit: int | Non
     source has one), empty texts dropped (and counted), split names normalised."""
     if limit is not None:
         table = table.slice(0, limit)
+    table = _conversations(table, cfg, where)
     cols = {name: _as_string(table, name, where) for name in COLUMNS if name != "id" or name in table.column_names}
     keep = pc.not_equal(pc.utf8_trim_whitespace(cols[TEXT]), "")
     empty = len(keep) - pc.sum(keep).as_py() if len(keep) else 0
@@ -171,6 +172,29 @@ def finish_table(cols: dict, cfg: SourceConfig) -> tuple[pa.Table, int]:
         keep = [unit_hash(cfg.sample_seed, i) < cfg.sample for i in table.column("id").to_pylist()]
         table = table.filter(pa.array(keep, pa.bool_()))
     return table, rows - table.num_rows
+
+
+def _conversations(table: pa.Table, cfg: SourceConfig, where: str) -> pa.Table:
+    """Instruction data as conversation rows (pipeline/data/io/conversation.py): a prompt and its completion
+    become a user and an assistant message; a messages column that a columnar reader kept as a list of
+    {role, content} structs (Parquet, the hub) is encoded (the JSONL line reader encodes its own)."""
+    text = table.column(TEXT) if TEXT in table.column_names else None
+    if cfg.messages_field and text is not None and not pa.types.is_string(text.type):
+        encoded = []
+        for k, messages in enumerate(text.to_pylist()):
+            try:
+                encoded.append(None if messages is None else conversation.encode(messages))
+            except ValueError as e:
+                raise ValueError(f"{where}: row {k + 1}, field '{cfg.messages_field}' (source.messages_field): "
+                                 f"{e}") from None
+        table = table.set_column(table.column_names.index(TEXT), TEXT, pa.array(encoded, pa.string()))
+    if cfg.prompt_field and readers.PROMPT in table.column_names:
+        prompts = _as_string(table, readers.PROMPT, where).to_pylist()
+        completions = _as_string(table, TEXT, where).to_pylist()
+        pairs = [conversation.encode([{"role": "user", "content": p}, {"role": "assistant", "content": c}])
+                 if p.strip() and c.strip() else "" for p, c in zip(prompts, completions)]  # "": dropped as empty
+        table = table.set_column(table.column_names.index(TEXT), TEXT, pa.array(pairs, pa.string()))
+    return table
 
 
 def _as_string(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:

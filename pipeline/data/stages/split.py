@@ -17,7 +17,8 @@ import numpy as np
 from pipeline.data.engines.base import StageContext, StageResult
 from pipeline.data.engines.local import LocalEngine
 from pipeline.data.engines.ops import SPLITS, TEXT, add_up, concat, fetch, unit_hash
-from pipeline.data.similarity import minhash
+from pipeline.data.io import references
+from pipeline.data.similarity import minhash, ngrams
 from pipeline.schema import SplitConfig
 
 SOURCE_SPLIT_NAMES = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
@@ -255,6 +256,89 @@ def _leakage(parts: dict, cfg: SplitConfig, ctx: StageContext) -> tuple[dict, di
     return dropped, found
 
 
+def _gram_hashes(table, n: int) -> np.ndarray:
+    return ngrams.word_ngrams(table.column(TEXT).to_pylist(), n).hashes
+
+
+def _overlap_rows(table, n: int, reference: np.ndarray) -> tuple:
+    return ngrams.overlaps(table.column(TEXT).to_pylist(), n, reference)
+
+
+def _holding_rows(table, n: int, wanted: np.ndarray) -> np.ndarray:
+    return ngrams.holding(table.column(TEXT).to_pylist(), n, wanted)
+
+
+def _reference_ids(engine, reference, n: int, wanted: np.ndarray) -> dict[int, list[str]]:
+    """{n-gram hash: ids of the reference documents holding it}, for the few hashes `wanted` (sorted)."""
+    held = engine.reduce(reference, functools.partial(_holding_rows, n=n, wanted=wanted), concat, [TEXT],
+                         desc="contamination sources")
+    rows = np.flatnonzero(held).tolist()
+    ids, texts = fetch(engine, reference, rows, ("id", TEXT))
+    by_hash: dict[int, list[str]] = {}
+    for doc_id, text in zip(ids, texts):
+        for h in ngrams.found_hashes(text, n, wanted).tolist():
+            by_hash.setdefault(h, []).append(doc_id)
+    return by_hash
+
+
+MAX_REFERENCE_IDS = 5  # per contaminated document in contamination.jsonl (reference_count says how many)
+
+
+def _check(engine, query, reference, ref_engine, n: int, name: str, against: str,
+           removed: str | None) -> tuple[list, list, dict]:
+    """One query/reference check: (the query's rows holding a reference n-gram, their records, counts). The
+    reference's rows are read where `ref_engine` runs (the evaluation files: in this process)."""
+    grams = np.unique(ref_engine.reduce(reference, functools.partial(_gram_hashes, n=n), concat, [TEXT],
+                                        desc=f"{against} n-grams"))
+    found, covered, words, first = engine.reduce(query, functools.partial(_overlap_rows, n=n, reference=grams),
+                                                 concat, [TEXT], desc=f"contamination {name}")
+    rows = np.flatnonzero(found).tolist()
+    ids, texts = fetch(engine, query, rows, ("id", TEXT))
+    own = [ngrams.found_hashes(t, n, grams) for t in texts]
+    sources = _reference_ids(ref_engine, reference, n, np.unique(np.concatenate(own))) if rows else {}
+    records = []
+    for r, doc_id, text, hashes in zip(rows, ids, texts, own):
+        refs = sorted({i for h in hashes.tolist() for i in sources.get(h, [])})
+        records.append({"split": name, "id": doc_id, "against": against, "reference_ids": refs[:MAX_REFERENCE_IDS],
+                        "reference_count": len(refs), "ngram": ngrams.ngram_text(text, n, int(first[r])),
+                        "ngrams_found": int(found[r]), "overlap": round(int(covered[r]) / int(words[r]), 4),
+                        "removed": removed})
+    counts = {"split": name, "against": against, "documents": int(len(words)),
+              "too_short": int(np.count_nonzero(words < n)), "contaminated": len(rows)}
+    return rows, sorted(records, key=lambda x: x["id"]), counts
+
+
+def _contamination(parts: dict, cfg: SplitConfig, ctx: StageContext) -> tuple[dict, dict]:
+    """The n-gram contamination check, after the leakage check: the query documents of leakage_checks that
+    share a word n-gram with their reference split, then train against split.contamination_files; those
+    found removed from the query side when cfg says so. contamination.jsonl: one line per document found,
+    by check then id, with the reference documents holding its n-grams, its first such n-gram and the share
+    of its words those n-grams cover."""
+    from datasets import Dataset
+
+    n, dropped, records, checks = cfg.contamination_ngram, {}, [], []
+    pairs = [(name, ref, parts[ref], ctx.engine)
+             for name, ref in leakage_checks(getattr(ctx.similarity, "keep_test_whole", False))]
+    if cfg.contamination_files:
+        ids, texts = references.read(list(cfg.contamination_files))
+        pairs.append(("train", "contamination_files", Dataset.from_dict({"id": ids, TEXT: texts}), LocalEngine()))
+    for name, against, reference, ref_engine in pairs:
+        query = parts[name]
+        removed = name if cfg.contamination == "remove" else None
+        if query.num_rows == 0 or reference.num_rows == 0:
+            continue
+        rows, found, counts = _check(ctx.engine, query, reference, ref_engine, n, name, against, removed)
+        records += found
+        checks.append(counts)
+        if rows and removed:
+            parts[name] = ctx.engine.drop_rows(query, rows)
+            dropped[f"contaminated_{name}"] = dropped.get(f"contaminated_{name}", 0) + len(rows)
+    with open(ctx.out_dir / "contamination.jsonl", "w", encoding="utf-8") as f:
+        for row in records:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return dropped, {"ngram": n, "policy": cfg.contamination, "checks": checks}
+
+
 def split_rows(ds, cfg: SplitConfig, engine) -> tuple[dict, bool]:
     """({split: its rows of `ds`, less source_split}, whether the source's own split was kept): the
     codes of every row (assign_codes or _from_source), then a select per split (8 B per row). The
@@ -278,8 +362,10 @@ def split(ds, cfg: SplitConfig, ctx: StageContext) -> StageResult:
                else f"{ds.num_rows} documents are too few for split.train={cfg.train}")
         raise ValueError(f"the train split is empty: {how}")
     dropped, found = ({}, {}) if cfg.leakage == "off" else _leakage(parts, cfg, ctx)
+    contaminated, contamination = ({}, {}) if cfg.contamination == "off" else _contamination(parts, cfg, ctx)
+    dropped.update(contaminated)
     docs = {s: parts[s].num_rows for s in SPLITS}
     out = DatasetDict({s: _chunk_rows(parts[s], cfg, ctx) for s in SPLITS})
     stats = {"source_split_kept": source_kept, "documents": docs, "rows": {s: out[s].num_rows for s in SPLITS},
-             "leaks_found": found}
+             "leaks_found": found, "contamination": contamination}
     return StageResult(out, dropped, stats)

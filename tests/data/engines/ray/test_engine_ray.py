@@ -47,7 +47,7 @@ def _assert_same_stages(a_dir: Path, b_dir: Path) -> None:
             assert d.features == py[split].features, f"{x.name} {split}"
             assert d.column_names == py[split].column_names, f"{x.name} {split}"
             assert d.to_list() == py[split].to_list(), f"{x.name} {split}: rows differ"
-        for side in ("clusters.jsonl", "leakage.jsonl"):
+        for side in ("clusters.jsonl", "leakage.jsonl", "contamination.jsonl"):
             assert (x / side).exists() == (y / side).exists(), f"{x.name}/{side}"
             if (x / side).exists():
                 assert (x / side).read_bytes() == (y / side).read_bytes(), f"{x.name}/{side}"

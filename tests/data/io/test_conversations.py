@@ -1,0 +1,97 @@
+"""Instruction data into rows: YAML conversations (the chatterbot-corpus layout), a JSONL messages field and
+prompt/completion columns all become one encoded conversation per row; bad ones are one line naming the file
+and the place; clean cleans message by message and keeps the roles."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import CleanConfig, SourceConfig
+from pipeline.data.engines.base import StageContext
+from pipeline.data.io import conversation
+from pipeline.data.stages import clean, load
+
+YAML = """categories:
+- Science
+- physics
+conversations:
+- - What is a quark?
+  - An elementary particle.
+- - Hello
+  - Hi there
+  - How are you?
+  - Fine, thanks.
+- "a string, not a list of turns"
+"""
+
+
+def _read(path: Path, **source):
+    cfg = SourceConfig(path=str(path), **source)
+    return load.read_source(path, cfg, str(path))
+
+
+def test_encode_and_decode_round_trip_and_marks_never_reach_a_content():
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q\x1e?"},
+            {"role": "assistant", "content": "A."}]
+    text = conversation.encode(msgs)
+    assert conversation.decode(text) == [msgs[0], {"role": "user", "content": "Q?"}, msgs[2]]
+    assert conversation.plain(text) == "Be brief.\nQ?\nA."
+    with pytest.raises(ValueError, match="^message 1 has role 'bot'; roles are system, user, assistant$"):
+        conversation.encode([{"role": "user", "content": "q"}, {"role": "bot", "content": "a"}])
+    with pytest.raises(ValueError, match="^the conversation has no assistant message to learn from$"):
+        conversation.encode([{"role": "user", "content": "q"}])
+
+
+def test_yaml_conversations_become_rows_labelled_by_category_and_a_bad_one_is_named(tmp_path):
+    (tmp_path / "science.yml").write_text(YAML, encoding="utf-8")
+    where = f"{tmp_path / 'science.yml'}: conversations\\[2\\]"
+    with pytest.raises(ValueError, match=rf"^{where}: a conversation is a list of at least two turns .*; fix it or "
+                                         rf"set source.bad_lines=skip$"):
+        _read(tmp_path, format="conversations", glob="*.yml", label_field="categories")
+    ds, dropped, rows_read = _read(tmp_path, format="conversations", glob="*.yml", label_field="categories",
+                                   bad_lines="skip")
+    assert rows_read == 2 and dropped["bad_line"] == 1 and ds["label"][:] == ["Science", "Science"]
+    second = conversation.decode(ds["text"][1])
+    assert [m["role"] for m in second] == ["user", "assistant", "user", "assistant"]
+    assert second[3]["content"] == "Fine, thanks."
+    with pytest.raises(ValueError, match="no top-level key 'topic' \\(source.label_field\\); keys: categories, "
+                                         "conversations$"):
+        _read(tmp_path, format="conversations", glob="*.yml", label_field="topic", bad_lines="skip")
+
+
+def test_a_jsonl_messages_field_and_prompt_completion_columns_become_conversations(tmp_path):
+    f = tmp_path / "chat.jsonl"
+    rows = [{"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}], "id": "a"},
+            {"messages": [{"role": "system", "content": "terse"}, {"role": "user", "content": "hi"},
+                          {"role": "assistant", "content": "yo"}], "id": "b"}]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    ds, _, _ = _read(f, format="jsonl", messages_field="messages", label_field="", id_field="id")
+    assert [conversation.decode(t) for t in ds["text"][:]] == [r["messages"] for r in rows]
+    f.write_text(f.read_text() + json.dumps({"messages": [{"role": "user"}], "id": "c"}) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^{f}:3: field 'messages': message 0 is not an object with 'role' and "
+                                         rf"'content'; fix the line or set source.bad_lines=skip$"):
+        _read(f, format="jsonl", messages_field="messages", label_field="", id_field="id")
+    c = tmp_path / "pairs.csv"
+    c.write_text("question,answer\nWhat is 1+1?,Two.\n,orphan\nCapital of France?,Paris.\n", encoding="utf-8")
+    ds, dropped, _ = _read(c, format="csv", prompt_field="question", text_field="answer", label_field="")
+    assert [conversation.decode(t) for t in ds["text"][:]] == [
+        [{"role": "user", "content": "What is 1+1?"}, {"role": "assistant", "content": "Two."}],
+        [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris."}]]
+    assert dropped["empty"] == 1  # a pair without its prompt is no example
+
+
+def test_clean_cleans_each_message_and_drops_a_conversation_with_an_empty_one(tmp_path):
+    from datasets import Dataset
+
+    texts = [conversation.encode([{"role": "user", "content": "<b>Hi</b>  there"},
+                                  {"role": "assistant", "content": "Hello &amp; welcome\n\n\nfriend"}]),
+             conversation.encode([{"role": "user", "content": "<br>"}, {"role": "assistant", "content": "ok"}])]
+    ds = Dataset.from_dict({"id": ["a", "b"], "text": texts, "label": ["", ""], "source_split": ["", ""]})
+    r = clean.clean(ds, CleanConfig(keep_lines=True),
+                    StageContext(out_dir=tmp_path, progress=False, conversations=True))
+    assert r.dropped == {"empty_message": 1}
+    assert conversation.decode(r.data["text"][0]) == [{"role": "user", "content": "Hi there"},
+                                                       {"role": "assistant", "content": "Hello & welcome\n\nfriend"}]
