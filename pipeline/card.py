@@ -172,6 +172,12 @@ def _data_lines(cfg, data: dict) -> list[str]:
         leaks = st.get("leaks_found", {})
         leak = (f"; documents with a near-duplicate in train (split.leakage `{c.get('leakage')}`): {_count(leaks)}"
                 if leaks else "")
+        cont = st.get("contamination") or {}
+        if cont.get("checks"):
+            found = ", ".join(f"{x['split']} against {x['against'].replace('_', ' ')} {x['contaminated']:,}"
+                              for x in cont["checks"])
+            leak += (f"; documents sharing a {cont['ngram']}-word n-gram (split.contamination `{cont['policy']}`): "
+                     f"{found}")
         kept = "the source's own splits kept" if st.get("source_split_kept") else "split by ratio"
         sizes = ", ".join(f"{k} {v:,} documents" for k, v in docs.items())
         lines.append(f"- **Splits** ({kept}): {sizes}{leak}.")
@@ -183,8 +189,14 @@ def _data_lines(cfg, data: dict) -> list[str]:
     if tok:
         st = tok.get("stats", {})
         trunc = st.get("train", {}).get("truncated_fraction")
-        lines.append(f"- **Tokens**: {st.get('kind')} tokenizer, max_length {st.get('max_length')}"
-                     + (f"; {trunc:.1%} of train truncated." if trunc is not None else "."))
+        if "block_size" in st:  # a language model's: blocks (causal_lm) or rows (instruct) of up to block_size tokens
+            lines.append(f"- **Tokens**: {st.get('kind')} tokenizer, {st['train'].get('tokens', 0):,} train tokens in "
+                         f"blocks of {st['block_size']}" + (f", the {st['template']} template, loss on "
+                                                            f"{st['train']['target_tokens']:,} answer tokens"
+                                                            if "template" in st else "") + ".")
+        else:
+            lines.append(f"- **Tokens**: {st.get('kind')} tokenizer, max_length {st.get('max_length')}"
+                         + (f"; {trunc:.1%} of train truncated." if trunc is not None else "."))
     prepared = data.get("prepared", {})
     fingerprint = prepared.get("content_fingerprint") or prepared.get("fingerprint")
     lines.append(f"- **Prepared data fingerprint**: `{fingerprint}`.")

@@ -1,9 +1,14 @@
 """Fixtures for every test."""
 
+import shutil
 import sys
+import time
 import uuid
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from smollm2 import GGUF_NAME, SPEC
 from testprocs import TOKEN_VAR, reap
 
 
@@ -16,3 +21,19 @@ def _end_started_processes(monkeypatch):
     left = reap(token)
     if left:
         print(f"killed {len(left)} process(es) the test left running:\n  " + "\n  ".join(left), file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory):
+    """The packaged SmolLM2 converted once, in a cache of its own (deleted after the session: 540 MB)."""
+    from pipeline.resolve import CACHE_VAR, resolve_pretrained
+
+    root = tmp_path_factory.mktemp("gguf-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CACHE_VAR, str(root))
+        start = time.perf_counter()
+        folder = Path(resolve_pretrained(SPEC))
+        seconds = time.perf_counter() - start
+    print(f"\nconverted {GGUF_NAME} in {seconds:.1f} s", file=sys.stderr)
+    yield SimpleNamespace(root=root, folder=folder, seconds=seconds)
+    shutil.rmtree(root, ignore_errors=True)

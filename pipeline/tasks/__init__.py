@@ -6,11 +6,12 @@ from __future__ import annotations
 import difflib
 
 from pipeline.task import Task
-from pipeline.tasks import causal_lm, classification
+from pipeline.tasks import causal_lm, classification, instruct
 
 TASKS: dict[str, Task] = {
     "classification": classification.TASK,
     "causal_lm": causal_lm.TASK,
+    "instruct": instruct.TASK,
 }
 
 

@@ -74,6 +74,8 @@ def _run(s: Setup, st: TrainState, stop: signals.StopFlag) -> int:
     win, loss_acc, code = Window(), torch.zeros((), device=acc.device), None
     # raises in the backward of the first operation whose gradient is NaN, naming it (RuntimeError in train)
     anomaly_mode = torch.autograd.detect_anomaly(check_nan=True) if t.detect_anomaly else contextlib.nullcontext()
+    if st.step == 0 and s.task.samples is not None and acc.is_main_process:  # the model before training: a baseline
+        _write_samples(s, 0, s.task.samples(acc.unwrap_model(s.model), s.tok, s.cfg, 0))
     s.model.train()
     while code is None and st.step < s.total_steps:
         for batch, weight in _weighted(s, _epoch_batches(s, st)):

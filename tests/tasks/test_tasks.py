@@ -17,7 +17,7 @@ def test_the_default_task_is_classification_and_every_existing_config_means_what
 
 
 def test_an_unknown_task_is_one_line_naming_the_key_and_the_closest():
-    with pytest.raises(ConfigError, match=r"^task: 'clasification' is not a task \(causal_lm, classification\); did you mean "
+    with pytest.raises(ConfigError, match=r"^task: 'clasification' is not a task \(causal_lm, classification, instruct\); did you mean "
                                           r"'classification'\?$"):
         load_config(None, ["task=clasification"])
 

@@ -1,4 +1,5 @@
-"""A causal_lm batch: blocks, their position ids and the targets; no attention mask (see pack.py)."""
+"""A causal_lm batch: blocks, their position ids and the targets; no attention mask (see pack.py). task=instruct's
+rows are the same, with a loss_mask that leaves only the assistant's tokens as targets."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ IGNORE = -100  # a label the loss skips
 class Collator:
     """Stacks blocks (the last, shorter block of a split padded with `pad_id` as a segment of its own);
     labels are the ids except at each segment's first token, whose only predecessor lies in another
-    document (or is padding), and at padding."""
+    document (or is padding), at padding, and (rows with a loss_mask: task=instruct) where the mask is 0."""
 
     def __init__(self, pad_id: int, multiple: int = 8, max_length: int = 0):
         self.pad_id = pad_id if pad_id is not None else 0
@@ -21,9 +22,11 @@ class Collator:
         width = max(len(r["input_ids"]) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         pos = torch.zeros((len(rows), width), dtype=torch.long)
-        pad = torch.zeros((len(rows), width), dtype=torch.bool)
+        pad = torch.zeros((len(rows), width), dtype=torch.bool)  # padding, and tokens that are no target
         for i, r in enumerate(rows):
             n = len(r["input_ids"])
+            if "loss_mask" in r:
+                pad[i, :n] = torch.as_tensor(r["loss_mask"], dtype=torch.int8) == 0
             ids[i, :n] = torch.as_tensor(r["input_ids"], dtype=torch.long)
             pos[i, :n] = torch.as_tensor(r["position_ids"], dtype=torch.long)
             pos[i, n:] = torch.arange(width - n)  # padding: a segment of its own, attended by no real token

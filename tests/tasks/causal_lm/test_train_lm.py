@@ -96,7 +96,7 @@ def test_a_run_resumed_from_its_step_checkpoint_equals_the_run_that_never_stoppe
     straight = _train(lm_config, tmp_path / "run", "model.dropout=0.1", max_steps=6, save_every=3, keep_last=5,
                       save_at_epoch_end=False, eval_every=3)
     samples = tmp_path / "run" / "run" / "samples"
-    assert sorted(p.name for p in samples.iterdir()) == ["step-0000003.jsonl", "step-0000006.jsonl"]
+    assert sorted(p.name for p in samples.iterdir()) == ["step-0000000.jsonl", "step-0000003.jsonl", "step-0000006.jsonl"]
     line = json.loads((samples / "step-0000006.jsonl").read_text(encoding="utf-8"))
     assert line["prompt"] == "w1" and line["text"].startswith("w1") and line["step"] == 6
     ckpts = tmp_path / "run" / "run" / "checkpoints"
