@@ -65,8 +65,10 @@ def describe_test_set(manifests: dict[str, dict], documents: int) -> str:
         kept = f"all {rows} rows kept" if not lost else f"{documents} of {rows} rows, {lost} dropped after dedup"
         return f"official ({kept}; {source['kept_within_test']} within-test copies reported{note})"
     leaks = split["dropped"].get("leak_test", 0)
+    contaminated = split["dropped"].get("contaminated_test", 0)
+    by_ngrams = f", {contaminated} by the n-gram contamination check" if contaminated else ""
     return (f"deduplicated ({documents} of {rows} rows; {source['removed']} removed by dedup, "
-            f"{leaks} by the leakage check{note})")
+            f"{leaks} by the leakage check{by_ngrams}{note})")
 
 
 def _check_vocabulary(model: Any, ckpt: Path, cfg: Config, prepared: Any, dataset: Any) -> Any:

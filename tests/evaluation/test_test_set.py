@@ -107,6 +107,11 @@ def test_each_wording_from_the_manifests():
     assert describe(_manifests(deduped, leak_test=3, clean_dropped=7), 24782) == (
         "deduplicated (24782 of 25000 rows; 215 removed by dedup, 3 by the leakage check; "
         "clean dropped 7 rows of any split before dedup)")
+    with_ngrams = _manifests(deduped, leak_test=3)
+    with_ngrams["split"]["dropped"]["contaminated_test"] = 4
+    assert describe(with_ngrams, 24778) == (
+        "deduplicated (24778 of 25000 rows; 215 removed by dedup, 3 by the leakage check, 4 by the n-gram "
+        "contamination check)")
     assert describe(_manifests(None, kept=False), 230) == (
         "held out by hash (230 documents; split.test of the rows, not a split of the source)")
     assert describe({}, 10).startswith("unknown (10 documents;")
