@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from pipeline.data.engines.ops import TEXT
 from pipeline.data.io import conversation, folders, parts
+from pipeline.data.io.jsonl import json_object
 from pipeline.data.io.parts import WHOLE, Facts, Part
 from pipeline.schema import SourceConfig
 
@@ -305,17 +306,6 @@ def _raw_lines(path: Path, span: tuple | None):
         return
     with open(path, "rb") as f:
         yield from f
-
-
-def json_object(line: str) -> dict:
-    """One line of JSONL as a dict, or a ValueError saying what it is instead (the caller adds file:line)."""
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not valid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-    return obj
 
 
 def _parse_record(line: str, fields: dict[str, str], messages: bool = False) -> dict:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline import artifacts
-from pipeline.data.io import conversation, readers
+from pipeline.data.io import conversation
+from pipeline.data.io.jsonl import json_object
 
 TEXT_SUFFIXES = (".jsonl", ".txt", ".md")
 
@@ -37,7 +38,7 @@ def _jsonl(path: Path) -> tuple[list[str], list[str]]:
                 continue
             where = f"{path}:{k}"
             try:
-                obj = readers.json_object(line)
+                obj = json_object(line)
             except ValueError as e:
                 raise ValueError(f"{where}: {e}") from None
             if isinstance(obj.get("text"), str):

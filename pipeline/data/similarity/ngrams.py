@@ -94,6 +94,16 @@ def holding(texts: list[str], n: int, wanted: np.ndarray) -> np.ndarray:
     return _sums(_member(g.hashes, wanted), g.offsets)
 
 
+def pairs(texts: list[str], ids: list[str], n: int, wanted: np.ndarray) -> list[tuple[int, str]]:
+    """(hash, id) for each text and each of the sorted hashes `wanted` its n-grams hold, once each."""
+    g = word_ngrams(texts, n)
+    hit = np.flatnonzero(_member(g.hashes, wanted))
+    if not len(hit):
+        return []
+    doc = np.searchsorted(g.offsets, hit, side="right") - 1
+    return sorted({(h, ids[d]) for h, d in zip(g.hashes[hit].tolist(), doc.tolist())})
+
+
 def found_hashes(text: str, n: int, reference: np.ndarray) -> np.ndarray:
     """The sorted distinct n-gram hashes of one text that `reference` holds."""
     h = word_ngrams([text], n).hashes

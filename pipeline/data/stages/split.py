@@ -260,52 +260,83 @@ def _gram_hashes(table, n: int) -> np.ndarray:
     return ngrams.word_ngrams(table.column(TEXT).to_pylist(), n).hashes
 
 
-def _overlap_rows(table, n: int, reference: np.ndarray) -> tuple:
-    return ngrams.overlaps(table.column(TEXT).to_pylist(), n, reference)
+def _shared_pairs(table, n: int, wanted: np.ndarray) -> list[tuple[int, str]]:
+    """(n-gram hash, id) of every row of a batch and each of the sorted hashes `wanted` it holds."""
+    return ngrams.pairs(table.column(TEXT).to_pylist(), table.column("id").to_pylist(), n, wanted)
 
 
-def _holding_rows(table, n: int, wanted: np.ndarray) -> np.ndarray:
-    return ngrams.holding(table.column(TEXT).to_pylist(), n, wanted)
+_MARKS = ("_found", "_covered", "_words", "_first")  # a remove pass's per-row overlap, dropped with the rows
 
 
-def _reference_ids(engine, reference, n: int, wanted: np.ndarray) -> dict[int, list[str]]:
-    """{n-gram hash: ids of the reference documents holding it}, for the few hashes `wanted` (sorted)."""
-    held = engine.reduce(reference, functools.partial(_holding_rows, n=n, wanted=wanted), concat, [TEXT],
-                         desc="contamination sources")
-    rows = np.flatnonzero(held).tolist()
-    ids, texts = fetch(engine, reference, rows, ("id", TEXT))
-    by_hash: dict[int, list[str]] = {}
-    for doc_id, text in zip(ids, texts):
-        for h in ngrams.found_hashes(text, n, wanted).tolist():
-            by_hash.setdefault(h, []).append(doc_id)
-    return by_hash
+def _records(ids: list, texts: list, overlap: tuple, n: int, shared: np.ndarray) -> list[dict]:
+    """contamination.jsonl's fields of the rows of a batch that hold a shared n-gram, and the hashes they hold."""
+    found, covered, words, first = overlap
+    return [{"id": ids[r], "ngram": ngrams.ngram_text(texts[r], n, int(first[r])), "ngrams_found": int(found[r]),
+             "overlap": round(int(covered[r]) / int(words[r]), 4),
+             "hashes": ngrams.found_hashes(texts[r], n, shared).tolist()} for r in np.flatnonzero(found).tolist()]
+
+
+def _hits(table, n: int, shared: np.ndarray) -> tuple[list, int, int]:
+    """A batch's (records, rows, rows under n words): the report pass, which keeps every row."""
+    texts = table.column(TEXT).to_pylist()
+    overlap = ngrams.overlaps(texts, n, shared)
+    return _records(table.column("id").to_pylist(), texts, overlap, n, shared), len(texts), int(np.sum(overlap[2] < n))
+
+
+def _mark(batch: dict, n: int, shared: np.ndarray) -> dict:
+    """The remove pass's map: each row's overlap as columns, for its filter and its tally."""
+    return {k: v.tolist() for k, v in zip(_MARKS, ngrams.overlaps(batch[TEXT], n, shared))}
+
+
+def _unmarked(table):
+    import pyarrow.compute as pc
+
+    return pc.equal(table.column("_found"), 0)
+
+
+def _tally_marked(table, n: int, shared: np.ndarray) -> tuple[list, int, int]:
+    overlap = tuple(np.asarray(table.column(k).to_numpy(), dtype=np.int64) for k in _MARKS)
+    return (_records(table.column("id").to_pylist(), table.column(TEXT).to_pylist(), overlap, n, shared),
+            table.num_rows, int(np.sum(overlap[2] < n)))
 
 
 MAX_REFERENCE_IDS = 5  # per contaminated document in contamination.jsonl (reference_count says how many)
 
 
-def _check(engine, query, reference, ref_engine, n: int, name: str, against: str,
-           removed: str | None) -> tuple[list, list, dict]:
-    """One query/reference check: (the query's rows holding a reference n-gram, their records, counts). The
-    reference's rows are read where `ref_engine` runs (the evaluation files: in this process)."""
-    grams = np.unique(ref_engine.reduce(reference, functools.partial(_gram_hashes, n=n), concat, [TEXT],
-                                        desc=f"{against} n-grams"))
-    found, covered, words, first = engine.reduce(query, functools.partial(_overlap_rows, n=n, reference=grams),
-                                                 concat, [TEXT], desc=f"contamination {name}")
-    rows = np.flatnonzero(found).tolist()
-    ids, texts = fetch(engine, query, rows, ("id", TEXT))
-    own = [ngrams.found_hashes(t, n, grams) for t in texts]
-    sources = _reference_ids(ref_engine, reference, n, np.unique(np.concatenate(own))) if rows else {}
+def _check(engine, query, reference, ref_engine, n: int, name: str, against: str, remove: bool,
+           collect_query: bool) -> tuple[object, list, dict]:
+    """One check of `query` (rows where `engine` runs) against `reference` (where `ref_engine` runs):
+    (the query less what it removes, its records, its counts). The driver holds the n-gram hashes of the
+    smaller side only (`collect_query`: validation/test against train; else the evaluation files), the
+    (hash, id) pairs the two sides share, and the records of the rows found; the rows stay where the engine
+    keeps them (on Ray: in tasks, as clean's filter)."""
+    from datasets import Value
+
+    small, small_engine = (query, engine) if collect_query else (reference, ref_engine)
+    wanted = np.unique(small_engine.reduce(small, functools.partial(_gram_hashes, n=n), concat, [TEXT],
+                                           desc=f"{name if collect_query else against} n-grams"))
+    pairs = ref_engine.reduce(reference, functools.partial(_shared_pairs, n=n, wanted=wanted), add_up,
+                              ["id", TEXT], desc=f"{against} n-grams shared") if len(wanted) else []
+    sources: dict[int, set] = {}
+    for h, doc_id in pairs:
+        sources.setdefault(h, set()).add(doc_id)
+    shared = np.array(sorted(sources), dtype=np.uint64)
+    if remove and len(shared):
+        added = {k: Value("int64") for k in _MARKS}
+        query, (found, rows, short) = engine.map_filter(
+            query, functools.partial(_mark, n=n, shared=shared), added, _unmarked, drop=list(_MARKS),
+            tally=functools.partial(_tally_marked, n=n, shared=shared), combine=add_up, batch_size=1000,
+            desc=f"contamination {name}")
+    else:
+        found, rows, short = engine.reduce(query, functools.partial(_hits, n=n, shared=shared), add_up,
+                                           ["id", TEXT], desc=f"contamination {name}")
     records = []
-    for r, doc_id, text, hashes in zip(rows, ids, texts, own):
-        refs = sorted({i for h in hashes.tolist() for i in sources.get(h, [])})
-        records.append({"split": name, "id": doc_id, "against": against, "reference_ids": refs[:MAX_REFERENCE_IDS],
-                        "reference_count": len(refs), "ngram": ngrams.ngram_text(text, n, int(first[r])),
-                        "ngrams_found": int(found[r]), "overlap": round(int(covered[r]) / int(words[r]), 4),
-                        "removed": removed})
-    counts = {"split": name, "against": against, "documents": int(len(words)),
-              "too_short": int(np.count_nonzero(words < n)), "contaminated": len(rows)}
-    return rows, sorted(records, key=lambda x: x["id"]), counts
+    for hit in sorted(found, key=lambda x: x["id"]):  # by id, not row order: the same on every engine
+        refs = sorted({i for h in hit.pop("hashes") for i in sources.get(h, ())})
+        records.append({"split": name, "id": hit["id"], "against": against, "reference_ids": refs[:MAX_REFERENCE_IDS],
+                        "reference_count": len(refs), **hit, "removed": name if remove else None})
+    return query, records, {"split": name, "against": against, "documents": rows, "too_short": short,
+                            "contaminated": len(records)}
 
 
 def _contamination(parts: dict, cfg: SplitConfig, ctx: StageContext) -> tuple[dict, dict]:
@@ -322,17 +353,16 @@ def _contamination(parts: dict, cfg: SplitConfig, ctx: StageContext) -> tuple[di
     if cfg.contamination_files:
         ids, texts = references.read(list(cfg.contamination_files))
         pairs.append(("train", "contamination_files", Dataset.from_dict({"id": ids, TEXT: texts}), LocalEngine()))
+    remove = cfg.contamination == "remove"
     for name, against, reference, ref_engine in pairs:
-        query = parts[name]
-        removed = name if cfg.contamination == "remove" else None
-        if query.num_rows == 0 or reference.num_rows == 0:
+        if parts[name].num_rows == 0 or reference.num_rows == 0:
             continue
-        rows, found, counts = _check(ctx.engine, query, reference, ref_engine, n, name, against, removed)
+        parts[name], found, counts = _check(ctx.engine, parts[name], reference, ref_engine, n, name, against, remove,
+                                            collect_query=ref_engine is ctx.engine)
         records += found
         checks.append(counts)
-        if rows and removed:
-            parts[name] = ctx.engine.drop_rows(query, rows)
-            dropped[f"contaminated_{name}"] = dropped.get(f"contaminated_{name}", 0) + len(rows)
+        if found and remove:
+            dropped[f"contaminated_{name}"] = dropped.get(f"contaminated_{name}", 0) + len(found)
     with open(ctx.out_dir / "contamination.jsonl", "w", encoding="utf-8") as f:
         for row in records:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
