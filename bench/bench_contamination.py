@@ -10,8 +10,9 @@ Two corpora:
            ("a benchmark built from the plays"), 200 windows of 30 words taken from random scenes and 100 windows
            of 30 words drawn at random from the plays' vocabulary. The truth is what the plain definition finds.
 
-Ours: the split stage's check as it runs (split._check on Datasets, local engine: n-grams of the reference, the
-overlap of every query, the records of the documents found), in this process. corpus-assay: its CLI as its
+Ours: the split stage's check as it runs (split._check on Datasets, local engine, as train is checked against
+split.contamination_files: the reference's n-grams, those the queries share, the records of the documents
+found), in this process. corpus-assay: its CLI as its
 README runs it (build-index from a JSONL "benchmark", then scan with one worker, min_hits 1 and min_coverage 0,
 so one shared n-gram flags a document as ours does), in a Python >= 3.12 virtual environment:
 
@@ -102,7 +103,8 @@ def ours(refs, queries, n: int) -> tuple[float, set]:
     query = Dataset.from_dict({"id": [i for i, _ in queries], "text": [t for _, t in queries]})
     engine = LocalEngine()
     start = time.perf_counter()
-    _, records, _ = split._check(engine, query, ref, engine, n, "queries", "bench", None)
+    # as train against split.contamination_files: the reference (a benchmark) is the side whose n-grams are collected
+    _, records, _ = split._check(engine, query, ref, engine, n, "queries", "bench", remove=False, collect_query=False)
     return time.perf_counter() - start, {r["id"] for r in records}
 
 
