@@ -36,6 +36,21 @@ def conversation_files(path: Path, cfg: SourceConfig) -> list[Path]:
     return found
 
 
+def _loader():
+    """yaml's SafeLoader without aliases: `*name` repeats a node by reference, and a few nested aliases make
+    billions of conversations from a small file (the "billion laughs"); a conversation file has no use for one."""
+    import yaml
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                raise yaml.composer.ComposerError(None, None, "an alias (*name): conversation files may not repeat "
+                                                  "nodes by reference", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+
+    return NoAliases
+
+
 def _load_yaml(path: Path, encoding: str) -> dict:
     import yaml
 
@@ -47,7 +62,7 @@ def _load_yaml(path: Path, encoding: str) -> dict:
         raise ValueError(f"{path}:{line}: bytes {raw[e.start:e.end]!r} are not valid {encoding}; set "
                          f"source.encoding to the file's encoding") from None
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader, aliases refused
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)

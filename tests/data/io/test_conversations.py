@@ -95,3 +95,20 @@ def test_clean_cleans_each_message_and_drops_a_conversation_with_an_empty_one(tm
     assert r.dropped == {"empty_message": 1}
     assert conversation.decode(r.data["text"][0]) == [{"role": "user", "content": "Hi there"},
                                                        {"role": "assistant", "content": "Hello & welcome\n\nfriend"}]
+
+
+def test_a_yaml_alias_bomb_is_one_line_naming_the_line_and_bad_yaml_too(tmp_path):
+    bomb = tmp_path / "bomb.yml"
+    bomb.write_text("a: &a [q, r]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nconversations: [*b, *b, *b, *b]\n",
+                    encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^{bomb}:2: not valid YAML \(an alias \(\*name\): conversation files may "
+                                         rf"not repeat nodes by reference\)$"):
+        _read(bomb, format="conversations")
+    broken = tmp_path / "broken.yml"
+    broken.write_text("conversations:\n- - q\n  - [unclosed\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^{broken}:4: not valid YAML \("):
+        _read(broken, format="conversations")
+    plain = tmp_path / "list.yml"
+    plain.write_text("- - q\n  - a\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^{plain}: expected a mapping with a `conversations:` list"):
+        _read(plain, format="conversations")
