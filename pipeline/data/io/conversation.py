@@ -50,6 +50,11 @@ def encode(messages: list[dict]) -> str:
     return "".join(out)
 
 
+def is_encoded(text: str) -> bool:
+    """Whether `text` is a conversation row's text (it starts with a role mark)."""
+    return bool(text) and text[0] in ROLE_OF
+
+
 def decode(text: str) -> list[dict]:
     """The row's text -> [{role, content}]; a text without marks is one user message (never made by load)."""
     pieces = _SPLIT.split(text)

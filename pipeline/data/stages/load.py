@@ -179,11 +179,11 @@ def _conversations(table: pa.Table, cfg: SourceConfig, where: str) -> pa.Table:
     become a user and an assistant message; a messages column that a columnar reader kept as a list of
     {role, content} structs (Parquet, the hub) is encoded (the JSONL line reader encodes its own)."""
     text = table.column(TEXT) if TEXT in table.column_names else None
-    if cfg.messages_field and text is not None and not pa.types.is_string(text.type):
+    if cfg.messages_field and text is not None:
         encoded = []
         for k, messages in enumerate(text.to_pylist()):
             try:
-                encoded.append(None if messages is None else conversation.encode(messages))
+                encoded.append(_encoded(messages))
             except ValueError as e:
                 raise ValueError(f"{where}: row {k + 1}, field '{cfg.messages_field}' (source.messages_field): "
                                  f"{e}") from None
@@ -195,6 +195,21 @@ def _conversations(table: pa.Table, cfg: SourceConfig, where: str) -> pa.Table:
                  if p.strip() and c.strip() else "" for p, c in zip(prompts, completions)]  # "": dropped as empty
         table = table.set_column(table.column_names.index(TEXT), TEXT, pa.array(pairs, pa.string()))
     return table
+
+
+def _encoded(messages) -> str | None:
+    """A messages value as a conversation row's text: a list of {role, content} (Parquet, the hub), text the
+    JSONL reader encoded already, or a JSON list in a text cell (CSV)."""
+    if messages is None or (isinstance(messages, str) and conversation.is_encoded(messages)):
+        return messages
+    if isinstance(messages, str):
+        import json
+
+        try:
+            messages = json.loads(messages)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not a JSON list of messages ({e.msg} at column {e.colno})") from None
+    return conversation.encode(messages)
 
 
 def _as_string(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:

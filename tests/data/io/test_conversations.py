@@ -74,6 +74,21 @@ def test_a_jsonl_messages_field_and_prompt_completion_columns_become_conversatio
     with pytest.raises(ValueError, match=rf"^{f}:3: field 'messages': message 0 is not an object with 'role' and "
                                          rf"'content'; fix the line or set source.bad_lines=skip$"):
         _read(f, format="jsonl", messages_field="messages", label_field="", id_field="id")
+    j = tmp_path / "chat.csv"
+    j.write_text('id,msgs\na,"[{""role"": ""user"", ""content"": ""hi""}, {""role"": ""assistant"", ""content"": ""yo""}]"\n'
+                 'b,not json\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^{j}: row 2, field 'msgs' \(source.messages_field\): not a JSON list of "
+                                         rf"messages \(Expecting value at column 1\)$"):
+        _read(j, format="csv", messages_field="msgs", label_field="", id_field="id")
+    j.write_text(j.read_text().splitlines()[0] + "\n" + j.read_text().splitlines()[1] + "\n", encoding="utf-8")
+    ds, _, _ = _read(j, format="csv", messages_field="msgs", label_field="", id_field="id")
+    assert conversation.decode(ds["text"][0]) == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"messages": [r["messages"] for r in rows], "id": ["a", "b"]}), tmp_path / "chat.parquet")
+    ds, _, _ = _read(tmp_path / "chat.parquet", format="parquet", messages_field="messages", label_field="", id_field="id")
+    assert [conversation.decode(t) for t in ds["text"][:]] == [r["messages"] for r in rows]
     c = tmp_path / "pairs.csv"
     c.write_text("question,answer\nWhat is 1+1?,Two.\n,orphan\nCapital of France?,Paris.\n", encoding="utf-8")
     ds, dropped, _ = _read(c, format="csv", prompt_field="question", text_field="answer", label_field="")
