@@ -77,6 +77,22 @@ def test_tiny_config_prepared_on_ray_equals_the_local_engine(tmp_path, ray_clust
         "negative", "neutral", "positive"]
 
 
+def test_instruction_data_prepared_on_ray_equals_the_local_engine(tmp_path, ray_cluster):
+    """configs/smollm2_chat.yaml's chatterbot conversations (cleaned message by message, deduped and split as
+    whole examples, rendered with the plain template and packed) give the same stages on both engines; a BPE
+    trained on the train answers, so that no model needs converting."""
+    chat = ROOT / "configs" / "smollm2_chat.yaml"
+    for engine in ("local", "ray"):
+        cfg = load_config(chat, [f"output_dir={tmp_path / engine}", f"prepare.engine={engine}", "ray.blocks=3",
+                                 "tokenize.kind=bpe", "tokenize.vocab_size=500", "split.contamination_ngram=6"])
+        runner.run(cfg, progress=False)
+    _assert_same_stages(tmp_path / "local" / "data", tmp_path / "ray" / "data")
+    split_stage = _stage_dirs(tmp_path / "ray" / "data")[3]
+    assert (split_stage / "contamination.jsonl").read_text().count("\n") > 0  # 6-grams: answers shared across splits
+    prepared = json.loads((tmp_path / "ray" / "data" / "prepared.json").read_text())["data_info"]
+    assert prepared["template"] == "plain" and prepared["packing"] is True
+
+
 # ---------------------------------------------------------------- dedup on a planted corpus
 
 VOCAB = [f"w{k}" for k in range(4000)]
