@@ -10,7 +10,7 @@ Two corpora:
            ("a benchmark built from the plays"), 200 windows of 30 words taken from random scenes and 100 windows
            of 30 words drawn at random from the plays' vocabulary. The truth is what the plain definition finds.
 
-Ours: the split stage's check as it runs (split._check on Datasets, local engine, as train is checked against
+Ours: the split stage's check as it runs (contamination.check_pair on Datasets, local engine, as train is checked against
 split.contamination_files: the reference's n-grams, those the queries share, the records of the documents
 found), in this process. corpus-assay: its CLI as its
 README runs it (build-index from a JSONL "benchmark", then scan with one worker, min_hits 1 and min_coverage 0,
@@ -97,14 +97,14 @@ def ours(refs, queries, n: int) -> tuple[float, set]:
     from datasets import Dataset
 
     from pipeline.data.engines.local import LocalEngine
-    from pipeline.data.stages import split
+    from pipeline.data.stages import contamination
 
     ref = Dataset.from_dict({"id": [i for i, _ in refs], "text": [t for _, t in refs]})
     query = Dataset.from_dict({"id": [i for i, _ in queries], "text": [t for _, t in queries]})
     engine = LocalEngine()
     start = time.perf_counter()
     # as train against split.contamination_files: the reference (a benchmark) is the side whose n-grams are collected
-    _, records, _ = split._check(engine, query, ref, engine, n, "queries", "bench", remove=False, collect_query=False)
+    _, records, _ = contamination.check_pair(engine, query, ref, engine, n, "queries", "bench", remove=False, collect_query=False)
     return time.perf_counter() - start, {r["id"] for r in records}
 
 

@@ -88,12 +88,6 @@ def overlaps(texts: list[str], n: int, reference: np.ndarray) -> tuple[np.ndarra
     return per_text, covered_per_text, g.words.astype(np.int64), first
 
 
-def holding(texts: list[str], n: int, wanted: np.ndarray) -> np.ndarray:
-    """(N,) int64: how many of the sorted hashes `wanted` each text's n-grams hold."""
-    g = word_ngrams(texts, n)
-    return _sums(_member(g.hashes, wanted), g.offsets)
-
-
 def pairs(texts: list[str], ids: list[str], n: int, wanted: np.ndarray) -> list[tuple[int, str]]:
     """(hash, id) for each text and each of the sorted hashes `wanted` its n-grams hold, once each."""
     g = word_ngrams(texts, n)

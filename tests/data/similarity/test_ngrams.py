@@ -51,12 +51,13 @@ def test_overlaps_equal_the_plain_definition_on_random_texts_with_planted_copies
         assert tuple(first.split()) in {g for t in reference for g in _grams(t, n)}
 
 
-def test_a_text_under_n_words_has_no_ngram_and_holding_counts_the_wanted_ones():
+def test_a_text_under_n_words_has_no_ngram_and_pairs_name_the_texts_holding_the_wanted_ones():
     ref = ngrams.ngram_set(["one two three four five"], 3)
     assert len(ref) == 3
     found, covered, words, first = ngrams.overlaps(["one two", "", "zero one two three four", "ONE, two; three!"], 3, ref)
     assert found.tolist() == [0, 0, 2, 1] and covered.tolist() == [0, 0, 4, 3] and words.tolist() == [2, 0, 5, 3]
     assert first.tolist() == [-1, -1, 1, 0]
     wanted = ngrams.found_hashes("two three four", 3, ref)
-    assert ngrams.holding(["one two three four five", "two three four", "five six seven"], 3, wanted).tolist() == [1, 1, 0]
+    texts = ["one two three four five", "two three four", "five six seven"]
+    assert [i for _, i in ngrams.pairs(texts, ["a", "b", "c"], 3, wanted)] == ["a", "b"]
     assert ngrams.overlaps([], 3, ref)[0].tolist() == []
