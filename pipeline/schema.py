@@ -35,7 +35,13 @@ class SourceConfig:
                                 "and one assistant message)")
     messages_field: str = opt("", "task=instruct: column holding a conversation, a list of {role, content} objects "
                                   "(roles system, user, assistant); text_field is then unused")
-    label_field: str = opt("label", "column holding the raw label; empty for unlabelled text")
+    text_pair_field: str = opt("", "sentence pairs: column holding each pair's second text (text_field holds the "
+                               "first); both are cleaned, and tokenized as a pair")
+    symmetric_pairs: bool = opt(False, "sentence pairs: a pair and its swapped copy are the same pair (paraphrase, "
+                                "similarity; not entailment), so the sides are stored in one order (the smaller "
+                                "first) and dedup and the leakage checks see the two as copies")
+    label_field: str = opt("label", "column holding the raw label (task=multilabel: a list of labels, or text with "
+                           "label.separator; task=regression: a number); empty for unlabelled text")
     id_field: str = opt("", "column with a stable document id; empty = derived from file and row")
     split_field: str = opt("", "column naming a split the source already has; empty = none")
     hub_config: str = opt("", "hub dataset configuration name")
@@ -112,6 +118,14 @@ class LabelConfig:
     mapping: dict = opt({}, "raw label -> class name (raw labels not listed must be class names)")
     rules: list = opt([], "ordered {pattern, label} regex rules that label unlabelled text")
     unknown: str = opt("error", "a label outside the classes: fail listing them, or drop and count", ("error", "drop"))
+    separator: str = opt(",", "task=multilabel: what separates a row's labels in a text column (a list column needs "
+                         "none); spaces around each label are stripped")
+    threshold: float = opt(0.5, "task=multilabel: the probability at or above which a label is predicted, where no "
+                           "tuned threshold replaces it", bounds="(0, 1)")
+    tune_thresholds: bool = opt(True, "task=multilabel: each label's threshold tuned for its F1 on validation at "
+                                "the end of training, and saved with the model (config.json)")
+    scale: list = opt([], "task=regression: [low, high], the targets' range as the data states it (STS-B: [0, 5]); a "
+                      "target outside it is an error; empty = the range found, recorded in the label manifest")
 
 
 @dataclass(frozen=True)
@@ -125,6 +139,9 @@ class TokenizeConfig:
     truncation: str = opt("head", "what a document longer than max_length keeps: its first tokens, its last, or "
                           "head_tokens first + the rest from its end (Sun et al. 2019); special tokens stay in place",
                           ("head", "tail", "head_tail"))
+    pair_truncation: str = opt("longest_first", "sentence pairs longer than max_length: cut the longer side a token "
+                               "at a time, or only the first or the second text",
+                               ("longest_first", "only_first", "only_second"))
     # Sun et al. keep 128 + 382 of BERT's 510 content tokens on IMDB; 0 keeps that quarter at any max_length
     head_tokens: int = opt(0, "truncation=head_tail: tokens kept from the start (0 = a quarter of the content "
                            "tokens, round((max_length - special tokens) * 128 / 510): 32 at 128, 128 at 512)",

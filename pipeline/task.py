@@ -54,6 +54,10 @@ class Task:
     # are saved with the adapter ((model) -> module names; a classifier's head); None: the model has none
     peft_task_type: str = ""
     head: Callable[[Any], list] | None = None
+    # split.stratify: (cfg, the loaded rows, engine) -> a picklable function from a row's raw label to its stratum, the
+    # class a stratified split keeps in proportion (multilabel: the row's rarest label; regression: the target's
+    # quantile bin); it reads what it needs of the rows through engine.reduce. None: the raw label is the stratum
+    strata: Callable[..., Any] | None = None
     # the model card (pipeline/card.py): the hub's pipeline tag, and the headline figures of evaluate.py's
     # metrics.json as [(hub metric type, name, value)]
     pipeline_tag: str = ""

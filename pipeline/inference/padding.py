@@ -10,9 +10,11 @@ def pad_multiple(device_type: str, multiple: int) -> int:
     return multiple if device_type == "cuda" else 0
 
 
-def pad(sequences: list[list[int]], pad_id: int, multiple: int = 0, max_length: int = 0) -> dict[str, Any]:
+def pad(sequences: list[list[int]], pad_id: int, multiple: int = 0, max_length: int = 0,
+        token_types: list[list[int]] | None = None) -> dict[str, Any]:
     """Right-pad token ids to the longest, rounded up to `multiple` (capped at max_length when set):
-    input_ids and attention_mask, (batch, seq) long tensors. Training and evaluation both pad here."""
+    input_ids and attention_mask, (batch, seq) long tensors, and token_type_ids (padded with 0) when
+    `token_types` is given (sentence pairs). Training and evaluation both pad here."""
     import torch
 
     longest = max(len(s) for s in sequences)
@@ -26,4 +28,10 @@ def pad(sequences: list[list[int]], pad_id: int, multiple: int = 0, max_length: 
     for i, seq in enumerate(sequences):
         ids[i, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
         mask[i, : len(seq)] = 1
-    return {"input_ids": ids, "attention_mask": mask}
+    out = {"input_ids": ids, "attention_mask": mask}
+    if token_types is not None:
+        types = torch.zeros((len(sequences), width), dtype=torch.long)
+        for i, seq in enumerate(token_types):
+            types[i, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+        out["token_type_ids"] = types
+    return out
