@@ -54,6 +54,10 @@ class Task:
     # are saved with the adapter ((model) -> module names; a classifier's head); None: the model has none
     peft_task_type: str = ""
     head: Callable[[Any], list] | None = None
+    # the end of training: (the final model's validation outputs, the validation split, data info, cfg) -> attributes
+    # set on the exported model's config.json before final/ is written (multilabel: each label's tuned threshold);
+    # None: nothing
+    final_config: Callable[..., dict] | None = None
     # split.stratify: (cfg, the loaded rows, engine) -> a picklable function from a row's raw label to its stratum, the
     # class a stratified split keeps in proportion (multilabel: the row's rarest label; regression: the target's
     # quantile bin); it reads what it needs of the rows through engine.reduce. None: the raw label is the stratum
