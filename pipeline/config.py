@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from pipeline import REPO_ROOT, adapters, tasks
+from pipeline.data.io import pair
 from pipeline.schema import (  # noqa: F401 - the schema's names, imported from here by the package
     CleanConfig,
     Config,
@@ -285,7 +286,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("output_dir is empty: name the folder for this experiment's data and run")
     if cfg.source.format != "hub" and not cfg.source.path:
         raise ConfigError("source.path is empty: name the file or folder to read")
-    try:  # the task's own sections (classification: label, metric_for_best), and peft's
+    try:  # sentence pairs; the task's own sections (classification: label, metric_for_best), and peft's
+        pair.check_config(cfg)
         tasks.get(cfg.task).validate(cfg)
         adapters.check_config(cfg)
     except ConfigError:

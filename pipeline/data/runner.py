@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import functools
 import sys
 import time
 from dataclasses import asdict
@@ -30,7 +31,7 @@ from pipeline.data.content import content_fingerprint
 from pipeline.data.engines.base import Stage, StageContext, StageFailed  # noqa: F401 - StageFailed: prepare.py's
 from pipeline.data.engines.local import LocalEngine
 from pipeline.data.engines.ops import num_rows
-from pipeline.data.io import conversation, references
+from pipeline.data.io import conversation, pair, references
 from pipeline.data.stages import clean, dedup, load, split, tokenize
 
 PREPARED = "prepared.json"
@@ -47,10 +48,24 @@ def stage_table(cfg: Config) -> list[Stage]:
         Stage("load", load.load, cfg.source),
         Stage("clean", clean.clean, cfg.clean),
         Stage("dedup", dedup.dedup, cfg.dedup),
-        # the leakage check: ctx.similarity; the contamination check: the evaluation files' bytes
-        Stage("split", split.split, cfg.split, uses=(cfg.dedup, *_evaluation_files(cfg))),
+        # the leakage check: ctx.similarity; the contamination check: the evaluation files' bytes; a task's strata
+        Stage("split", split.split, cfg.split, uses=(cfg.dedup, *_evaluation_files(cfg), *_strata_uses(cfg))),
         *tasks.get(cfg.task).stages(cfg, Stage("tokenize", tokenize.tokenize, tok)),  # classification: label, tokenize
     ]
+
+
+def strata(cfg: Config) -> Callable | None:
+    """The split stage's ctx.strata: the task's (Task.strata) bound to the config, where the split is stratified."""
+    task = tasks.get(cfg.task)
+    return functools.partial(task.strata, cfg) if task.strata is not None and cfg.split.stratify else None
+
+
+def _strata_uses(cfg: Config) -> tuple:
+    """What a task's strata make the split depend on: the task, its label section and the strata's code."""
+    task = tasks.get(cfg.task)
+    if task.strata is None or not cfg.split.stratify:
+        return ()
+    return cfg.task, cfg.label, code_fingerprint(task.strata)
 
 
 def _evaluation_files(cfg: Config) -> tuple:
@@ -185,7 +200,8 @@ def _run_stages(cfg: Config, table: list[Stage], engine: Any, input_fp: str, fir
                 data = load_stage(data_dir, table[k - 1].name)
             ctx = StageContext(out_dir=out, num_proc=cfg.prepare.num_proc, progress=progress,
                                engine=engine.get(), similarity=cfg.dedup,
-                               conversations=conversation.conversational(cfg.source))
+                               conversations=conversation.conversational(cfg.source),
+                               pairs=pair.paired(cfg.source), strata=strata(cfg))
             data, man = _run_stage(stage, data, out, fp, input_fp, ctx, data_dir)
             rows.append({**_row(man), "cached": False})
         input_fp, data_dir, manifests[stage.name] = fp, out, man

@@ -9,8 +9,9 @@ Steps, all into one folder written atomically (artifacts.atomic_dir: temp + rena
   1. torch.onnx.export (the TorchScript exporter, dynamo=False: it needs no onnxscript) of a copy of
      the model with eager attention. transformers' SDPA attention exports as a graph the fuser does
      not recognise (0 Attention nodes fused); eager attention fuses. Batch and sequence axes dynamic.
-     Inputs: exactly what predict_logits feeds (input_ids, attention_mask), kept where the model's
-     forward takes them; token_type_ids are never fed, so BERT uses its all-zero default in both runtimes.
+     Inputs: what predict_logits feeds (input_ids, attention_mask, and a sentence pair's token_type_ids),
+     kept where the model's forward takes them; a single text's token_type_ids are fed as zeros, BERT's
+     default in both runtimes.
   2. onnxruntime.transformers.optimizer (model_type "bert"); fewer fused Attention nodes than layers
      is an error, since the speed would not be there.
   3. int8 only: onnxruntime.quantization.quantize_dynamic, int8 weights (PER_CHANNEL below),
@@ -45,7 +46,7 @@ from typing import Any, Iterator
 from pipeline import artifacts
 
 MODEL_FILE = "model.onnx"
-INPUTS = ("input_ids", "attention_mask")  # what batching.pad gives predict_logits
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # what padding.pad gives predict_logits
 FUSABLE = ("bert",)  # model_type values the "bert" fusions were tested on here (BERT, MiniLM)
 OPSET = 17
 # int8 weights per output channel: on the trained MiniLM it kept more of fp32's tweet predictions than
@@ -102,7 +103,9 @@ def _export_torch(model: Any, names: list[str], path: Path) -> None:
     ids = torch.full((2, 16), 5, dtype=torch.long)
     mask = torch.ones_like(ids)
     mask[1, 9:] = 0  # one padded row, so the mask is traced as data, not as a constant
-    sample = {"input_ids": ids, "attention_mask": mask}
+    types = torch.zeros_like(ids)
+    types[:, 5:] = 1  # a second text, so the token types are traced as data too
+    sample = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
     axes = {n: {0: "batch", 1: "sequence"} for n in names} | {"logits": {0: "batch"}}
     with torch.inference_mode(False), torch.no_grad(), _quiet():
         torch.onnx.export(m, (), str(path), kwargs={n: sample[n] for n in names}, input_names=names,
@@ -228,7 +231,8 @@ class OrtClassifier:
     def __call__(self, **inputs: Any) -> SimpleNamespace:
         import torch
 
-        feeds = {n: inputs[n].cpu().numpy() for n in self.names}
+        ids = inputs["input_ids"]
+        feeds = {n: (inputs[n] if n in inputs else torch.zeros_like(ids)).cpu().numpy() for n in self.names}
         return SimpleNamespace(logits=torch.from_numpy(self.session.run(["logits"], feeds)[0]))  # (batch, labels)
 
 

@@ -73,6 +73,7 @@ def predict_logits(
     from tqdm.auto import tqdm
 
     sequences = dataset["input_ids"][:]  # list of token-id lists; (n, ragged)
+    types = dataset["token_type_ids"][:] if "token_type_ids" in dataset.column_names else None  # sentence pairs
     extra = {c: dataset[c][:] for c in columns if c != "input_ids"} if outputs is not None else {}
     rank, world = accelerator.process_index, accelerator.num_processes
     batches = plan_batches([len(s) for s in sequences], batch_size)
@@ -88,7 +89,9 @@ def predict_logits(
                 rows = [{"input_ids": sequences[i], **{c: v[i] for c, v in extra.items()}} for i in batch]
                 chunks.append(outputs(model, rows, pad_id, multiple, accelerator.device).float().cpu().numpy())
             else:
-                inputs = {k: v.to(accelerator.device) for k, v in pad([sequences[i] for i in batch], pad_id, multiple).items()}
+                padded = pad([sequences[i] for i in batch], pad_id, multiple,
+                             token_types=None if types is None else [types[i] for i in batch])
+                inputs = {k: v.to(accelerator.device) for k, v in padded.items()}
                 chunks.append(model(**inputs).logits.float().cpu().numpy())  # (batch, num_labels)
             index.append(batch)
             bar.update(len(batch))

@@ -6,12 +6,14 @@ from __future__ import annotations
 import difflib
 
 from pipeline.task import Task
-from pipeline.tasks import causal_lm, classification, instruct
+from pipeline.tasks import causal_lm, classification, instruct, multilabel, regression
 
 TASKS: dict[str, Task] = {
     "classification": classification.TASK,
     "causal_lm": causal_lm.TASK,
     "instruct": instruct.TASK,
+    "multilabel": multilabel.TASK,
+    "regression": regression.TASK,
 }
 
 

@@ -11,6 +11,20 @@ from pipeline import adapters
 from pipeline.inference.predict import predict_logits
 
 
+def outputs(acc, model, ds, batch_size: int, task, precision: str = "fp32", runtime: str = "torch", scratch=None):
+    """The model's outputs on `ds` as it is now (classification: logits, (n, labels)), in dataset order on every
+    process, as `evaluate` scores them."""
+    was_training = model.training
+    # unwrap_model keeps accelerate's autocast wrapper: fp32 validation runs in the precision training does
+    scored = acc.unwrap_model(model)
+    if adapters.is_adapted(scored) and (precision == "int8" or runtime == "onnxruntime"):
+        scored = adapters.merged_copy(scored)  # quantization and export take a plain model, as evaluate.py's
+    logits = predict_logits(scored, ds, batch_size, acc, precision, progress=False,
+                            runtime=runtime, scratch=scratch, outputs=task.outputs, columns=task.columns)
+    model.train(was_training)
+    return logits
+
+
 def evaluate(acc, model, ds, batch_size: int, task, info: dict, precision: str = "fp32",
              runtime: str = "torch", scratch=None) -> dict:
     """Every scalar validation metric of the model as it is now, as the task scores its outputs
@@ -22,12 +36,4 @@ def evaluate(acc, model, ds, batch_size: int, task, info: dict, precision: str =
     onnxruntime puts these weights into the run's exported graph (exported once per run, kept under
     `scratch`, the run directory: inference/onnx_template.py) in a temporary folder there, removed once
     loaded; the scores are those of a full export of these weights."""
-    was_training = model.training
-    # unwrap_model keeps accelerate's autocast wrapper: fp32 validation runs in the precision training does
-    scored = acc.unwrap_model(model)
-    if adapters.is_adapted(scored) and (precision == "int8" or runtime == "onnxruntime"):
-        scored = adapters.merged_copy(scored)  # quantization and export take a plain model, as evaluate.py's
-    logits = predict_logits(scored, ds, batch_size, acc, precision, progress=False,
-                            runtime=runtime, scratch=scratch, outputs=task.outputs, columns=task.columns)
-    model.train(was_training)
-    return task.score(logits, ds, info)
+    return task.score(outputs(acc, model, ds, batch_size, task, precision, runtime, scratch), ds, info)

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pipeline import allocator, artifacts, trackers
 from pipeline.config import Config
 from pipeline.training import batching, checkpoint, signals
-from pipeline.training.setup import Setup, export_final, prepare_run
+from pipeline.training.setup import Setup, export_final, final_config, prepare_run
 from pipeline.training.state_io import TrainState
 
 
@@ -291,11 +291,14 @@ def _save(s: Setup, st: TrainState) -> None:
 
 def _finish(s: Setup, st: TrainState) -> int:
     """After the last step: the final export (a checkpoint of the last step exists already)."""
+    settings = final_config(s)
     weights = s.acc.get_state_dict(s.model)  # the full state dict: a collective under FSDP/ZeRO-3
     if s.acc.is_main_process:
         best = asdict(st.best)
         state = {"step": st.step, "epoch": st.epoch, "best": best, "fingerprints": st.fingerprints}
-        export_final(s, state, weights)
+        export_final(s, state, weights, settings)
+        if settings:
+            s.log.write({"step": st.step, "event": "final_config", **settings})
         s.log.write({"step": st.step, "event": "finished", "best": best, "final": str(s.run_dir / "final")})
         s.acc.log({f"best/{st.best.metric}": st.best.value, "best/step": st.best.step}, step=st.step)
         print(f"finished at step {st.step}; final model: {s.run_dir / 'final'}; best {best}", flush=True)

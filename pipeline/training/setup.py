@@ -260,8 +260,13 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, mp: str, total: int, s
     log = rundir.MetricsLog(run_dir / "metrics.jsonl", acc.is_main_process, saved.step if saved else None)
     return Setup(cfg=cfg, acc=acc, model=model, optimizer=optimizer, scheduler=scheduler, tok=tok, train_ds=train_ds,
                  val_ds=prep.splits["validation"], lengths=np.asarray(train_ds["length"][:], dtype=np.int64),
-                 collate=collate, columns=("input_ids", *task.columns), task=task, data_info=prep.info, run_dir=run_dir, total_steps=total,
+                 collate=collate, columns=("input_ids", *task.columns, *pair_columns(train_ds)), task=task, data_info=prep.info, run_dir=run_dir, total_steps=total,
                  steps_per_epoch=spe, precision=mp, log=log, config_path=config_path, base=base)
+
+
+def pair_columns(ds) -> tuple[str, ...]:
+    """What the loader reads of sentence pairs besides the task's columns: token_type_ids, where the tokenizer gave them."""
+    return ("token_type_ids",) if "token_type_ids" in ds.column_names else ()
 
 
 def _set_aside_earlier_attempt(acc, run_dir: Path) -> None:
@@ -289,21 +294,36 @@ def _start_state(s: Setup, ckpt: Path | None, saved: TrainState | None, fps: dic
     return replace(saved, total_steps=s.total_steps, num_processes=s.acc.num_processes, fingerprints=fps, best=best)
 
 
+def final_config(s: Setup) -> dict:
+    """What the task sets on final/'s config.json from the final model's validation outputs (Task.final_config;
+    multilabel: tuned thresholds); every process predicts its share (a collective), all get the same dict."""
+    if s.task.final_config is None or not s.val_ds.num_rows:
+        return {}
+    from pipeline.inference.backends import precision_of
+    from pipeline.training.evaluation import outputs
+
+    logits = outputs(s.acc, s.model, s.val_ds, s.cfg.eval.batch_size, s.task, precision_of(s.cfg.eval),
+                     s.cfg.eval.runtime, s.cfg.run_dir)
+    return s.task.final_config(logits, s.val_ds, s.data_info, s.cfg)
+
+
 def _nothing_to_do(s: Setup, ckpt: Path, saved: TrainState) -> None:
+    settings = final_config(s) if not (s.run_dir / "final" / "config.json").is_file() else {}
     weights = s.acc.get_state_dict(s.model)  # the full state dict: a collective under FSDP/ZeRO-3
     if s.acc.is_main_process:
         print(f"--resume: {ckpt} is at {saved.describe()}, the end of a {s.total_steps}-step run; "
               f"nothing to do", flush=True)
         if not (s.run_dir / "final" / "config.json").is_file():
             export_final(s, {"step": saved.step, "epoch": saved.epoch, "best": asdict(saved.best),
-                             "fingerprints": saved.fingerprints}, weights)
+                             "fingerprints": saved.fingerprints}, weights, settings)
             print(f"exported the final model to {s.run_dir / 'final'}", flush=True)
     s.acc.wait_for_everyone()
     return None
 
 
-def export_final(s: Setup, state: dict | None, weights: dict) -> None:
-    """final/ from the main process; `weights`: the full state dict (accelerator.get_state_dict, a collective).
+def export_final(s: Setup, state: dict | None, weights: dict, settings: dict | None = None) -> None:
+    """final/ from the main process; `weights`: the full state dict (accelerator.get_state_dict, a collective);
+    `settings`: attributes set on the exported config.json (Task.final_config).
     An adapted model is exported from a fresh copy of its base with these weights' trained tensors: the same
     under any backend (FSDP shards the training model's), with the base checked to be the one trained on;
     QLoRA's at full precision (the adapters merged into the base's own weights, not its 4-bit copy)."""
@@ -321,6 +341,8 @@ def export_final(s: Setup, state: dict | None, weights: dict) -> None:
         adapters.check_base(rebuilt, s.base, s.run_dir / "final")
         adapters.load_trained(s.run_dir / "final", model, weights)
         weights = None
+    for key, value in (settings or {}).items():
+        setattr(model.config, key, value)
     rundir.export_final(model, s.tok, s.run_dir / "final", state, weights, merge=s.cfg.peft.merge_final)
     card.write(s.cfg)  # final/README.md, which evaluate.py rewrites with its figures
 

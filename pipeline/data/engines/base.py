@@ -84,7 +84,7 @@ class Engine(Protocol):
     def cross_duplicates(self, reference: Any, query: Any, cfg: Any, threshold: float, find: Callable) -> list:
         """Rows of `query` with a near-duplicate in `reference` (the leakage check)."""
 
-    def split_rows(self, ds: Any, cfg: Any, split_local: Callable) -> tuple[dict, bool]:
+    def split_rows(self, ds: Any, cfg: Any, split_local: Callable, stratum: Any = None) -> tuple[dict, bool]:
         """Every row's split, then each split's rows."""
 
     def drop_rows(self, ds: Any, rows: list[int]) -> Any:
@@ -101,6 +101,12 @@ class StageContext:
     # clean: the rows are conversations (pipeline/data/io/conversation.py), cleaned message by message; decided by the
     # source section, which every stage's fingerprint covers through load's
     conversations: bool = False
+    # clean, split: the rows are sentence pairs (pipeline/data/io/pair.py): "ordered" or "symmetric" (pair.paired), each
+    # side cleaned, a symmetric pair stored in one order, and a pair whose two sides both occur in train reported
+    pairs: str = ""
+    # split.stratify: (rows, engine) -> a function from a raw label to its stratum (Task.strata); None: the label itself.
+    # The task is part of every stage's fingerprint through the prepared data's sections
+    strata: Any = None
 
     def __post_init__(self):
         if self.engine is None:

@@ -81,10 +81,10 @@ class LocalEngine:
         return find(column(reference, TEXT), column(query, TEXT), cfg, threshold, self.num_proc)
 
     # ------------------------------------------------------------ split's rows (the Ray engine's: ray_split.py)
-    def split_rows(self, ds: Any, cfg: Any, split_local: Any) -> tuple[dict, bool]:
+    def split_rows(self, ds: Any, cfg: Any, split_local: Any, stratum: Any = None) -> tuple[dict, bool]:
         """split_local (split.split_rows, handed in as dedup's local way is): every row's split code
-        here, then a select of each split's rows."""
-        return split_local(ds, cfg, self)
+        here, then a select of each split's rows; `stratum`: a task's strata of the labels."""
+        return split_local(ds, cfg, self, stratum)
 
     @staticmethod
     def drop_rows(ds: Any, rows: list[int]) -> Any:

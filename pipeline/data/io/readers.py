@@ -28,18 +28,22 @@ from pipeline.schema import SourceConfig
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 PROMPT = "prompt"  # source.prompt_field's values, until load.finish_rows makes them and the completions one conversation
+PAIR = "text_pair"  # source.text_pair_field's values, until load.finish_rows makes them and the texts one pair
+LABEL_LIST = "\x1f"  # a label that is a list (multi-label data) is its values joined by this (task=multilabel splits)
 
 
 def needed_columns(cfg: SourceConfig) -> dict[str, str]:
     """Contract column -> the source's column name, for the configured fields."""
-    pairs = {TEXT: cfg.messages_field or cfg.text_field, PROMPT: cfg.prompt_field, "label": cfg.label_field,
+    pairs = {TEXT: cfg.messages_field or cfg.text_field, PROMPT: cfg.prompt_field, PAIR: cfg.text_pair_field,
+             "label": cfg.label_field,
              "id": cfg.id_field, "source_split": cfg.split_field}
     return {ours: theirs for ours, theirs in pairs.items() if theirs}
 
 
 def check_columns(available: list[str], cfg: SourceConfig, where: str) -> dict[str, str]:
     """The needed columns, or an error listing the columns that exist and the closest match."""
-    keys = {TEXT: "messages_field" if cfg.messages_field else "text_field", PROMPT: "prompt_field", "label": "label_field", "id": "id_field", "source_split": "split_field"}
+    keys = {TEXT: "messages_field" if cfg.messages_field else "text_field", PROMPT: "prompt_field",
+            PAIR: "text_pair_field", "label": "label_field", "id": "id_field", "source_split": "split_field"}
     needed = needed_columns(cfg)
     for ours, theirs in needed.items():
         if available.count(theirs) > 1:  # pyarrow would silently take one of them
@@ -319,6 +323,8 @@ def _parse_record(line: str, fields: dict[str, str], messages: bool = False) -> 
                 v = conversation.encode(v)
             except ValueError as e:
                 raise ValueError(f"field '{theirs}': {e}") from None
+        elif ours == "label" and isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v):
+            v = label_list(v)
         elif isinstance(v, (dict, list)):
             raise ValueError(f"field '{theirs}' holds a JSON {type(v).__name__}, expected text")
         if isinstance(v, str):  # a lone surrogate (\ud83d) cannot be stored as UTF-8: make it U+FFFD
@@ -327,6 +333,11 @@ def _parse_record(line: str, fields: dict[str, str], messages: bool = False) -> 
             v = json.dumps(v)
         row[ours] = v
     return row
+
+
+def label_list(values: list) -> str:
+    """A list label's values (multi-label data) as one text; None values are left out."""
+    return LABEL_LIST.join(x if isinstance(x, str) else json.dumps(x) for x in values if x is not None)
 
 
 def read_parquet(path: Path, cfg: SourceConfig, part: Part = WHOLE) -> tuple[pa.Table, Facts]:

@@ -14,7 +14,7 @@ Per text, in this order (each step is why the next one can be simple):
   8. whitespace runs collapsed to one space, ends stripped (keep_lines: within each line; line breaks kept)
 Rows are then dropped with a counted reason: empty_after_clean, too_short, too_long, too_few_words.
 A conversation (instruction data) is cleaned message by message, and dropped as empty_message when one
-is left empty.
+is left empty; a sentence pair side by side, dropped as empty_side when a side is left empty.
 Words counted for min_words exclude the URL/mention replacement tokens ("[url]" is not content).
 """
 
@@ -31,7 +31,7 @@ from ftfy import badness
 
 from pipeline.data.engines.base import StageContext, StageResult
 from pipeline.data.engines.ops import TEXT, add_up
-from pipeline.data.io import conversation
+from pipeline.data.io import conversation, pair
 from pipeline.schema import CleanConfig
 
 # ftfy for encoding repair only; the later steps of this module own the rest
@@ -162,9 +162,23 @@ def _clean_conversation(raw: str, cfg: CleanConfig) -> tuple[str, str, bool, boo
     return text, reason, any(r[2] for r in results), any(r[3] for r in results)
 
 
-def _clean_batch(batch: dict, cfg: CleanConfig, conversations: bool = False) -> dict:
+def _clean_pair(raw: str, cfg: CleanConfig, symmetric: bool = False) -> tuple[str, str, bool, bool]:
+    """A sentence pair cleaned side by side; dropped as empty_side when a side is left empty, and by the other
+    filters on the two sides together. A symmetric pair is stored in its one order (pair.canonical)."""
+    results = [_clean_one(side, cfg) for side in pair.decode(raw)]
+    (first, *_), (second, *_) = results
+    reason = "empty_side" if not first or not second else drop_reason(f"{first}\n{second}", cfg)
+    if symmetric:
+        first, second = pair.canonical(first, second)
+    text = pair.encode(first, second) if reason != "empty_side" else ""
+    return text, reason, any(r[2] for r in results), any(r[3] for r in results)
+
+
+def _clean_batch(batch: dict, cfg: CleanConfig, conversations: bool = False, pairs: str = "") -> dict:
     """Batched map: new text, the drop reason, and two counters' worth of flags for the report."""
     one = _clean_conversation if conversations else _clean_one
+    if pairs:
+        one = functools.partial(_clean_pair, symmetric=pairs == "symmetric")
     texts, reasons, repaired, suspect = [], [], [], []
     for raw in batch[TEXT]:
         text, reason, fixed, bad = one(raw, cfg)
@@ -202,7 +216,7 @@ def clean(ds, cfg: CleanConfig, ctx: StageContext) -> StageResult:
         datasets.disable_progress_bars()
     try:  # locally one process per ~5k rows at most: below that, starting processes costs more than it saves
         kept, (reasons, repaired, suspect) = ctx.engine.map_filter(
-            ds, functools.partial(_clean_batch, cfg=cfg, conversations=ctx.conversations), added, _kept, drop=["_drop", "_repaired", "_suspect"],
+            ds, functools.partial(_clean_batch, cfg=cfg, conversations=ctx.conversations, pairs=ctx.pairs), added, _kept, drop=["_drop", "_repaired", "_suspect"],
             tally=_tally, combine=add_up, min_rows_per_proc=5000, batch_size=1000, desc="clean", keep_in_memory=True,
             load_from_cache_file=False)
     finally:

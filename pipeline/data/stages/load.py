@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from pipeline import artifacts
 from pipeline.data.engines.base import StageContext, StageResult
 from pipeline.data.engines.ops import TEXT, unit_hash
-from pipeline.data.io import conversation, formats, parts, readers
+from pipeline.data.io import conversation, formats, pair, parts, readers
 from pipeline.schema import SourceConfig
 
 COLUMNS = ("id", TEXT, "label", "source_split")
@@ -155,7 +155,7 @@ def finish_rows(table: pa.Table, cfg: SourceConfig, where: str, limit: int | Non
     source has one), empty texts dropped (and counted), split names normalised."""
     if limit is not None:
         table = table.slice(0, limit)
-    table = _conversations(table, cfg, where)
+    table = _pairs(_conversations(table, cfg, where), cfg, where)
     cols = {name: _as_string(table, name, where) for name in COLUMNS if name != "id" or name in table.column_names}
     keep = pc.not_equal(pc.utf8_trim_whitespace(cols[TEXT]), "")
     empty = len(keep) - pc.sum(keep).as_py() if len(keep) else 0
@@ -197,6 +197,17 @@ def _conversations(table: pa.Table, cfg: SourceConfig, where: str) -> pa.Table:
     return table
 
 
+def _pairs(table: pa.Table, cfg: SourceConfig, where: str) -> pa.Table:
+    """Sentence pairs as pair rows (pipeline/data/io/pair.py): text_field and text_pair_field made one text; a
+    row with either side empty gets "" (dropped and counted as empty)."""
+    if not cfg.text_pair_field or readers.PAIR not in table.column_names:
+        return table
+    firsts = _as_string(table, TEXT, where).to_pylist()
+    seconds = _as_string(table, readers.PAIR, where).to_pylist()
+    texts = [pair.encode(a, b) for a, b in zip(firsts, seconds)]
+    return table.set_column(table.column_names.index(TEXT), TEXT, pa.array(texts, pa.string()))
+
+
 def _encoded(messages) -> str | None:
     """A messages value as a conversation row's text: a list of {role, content} (Parquet, the hub), text the
     JSONL reader encoded already, or a JSON list in a text cell (CSV)."""
@@ -216,6 +227,9 @@ def _as_string(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:
     if name not in table.column_names:
         return pa.chunked_array([pa.array([""] * table.num_rows, pa.string())])
     col = table.column(name)
+    if name == "label" and (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):  # multi-label data
+        return pa.chunked_array([pa.array([None if v is None else readers.label_list(v) for v in col.to_pylist()],
+                                          pa.string())]).fill_null("")
     try:
         col = col.cast(pa.string())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

@@ -18,7 +18,7 @@ from pipeline.data.engines.base import StageContext, StageResult
 from pipeline.data.engines.local import LocalEngine
 from pipeline.data.engines.ops import SPLITS, TEXT, add_up, concat, fetch, unit_hash
 from pipeline.data.similarity import minhash
-from pipeline.data.stages import contamination
+from pipeline.data.stages import contamination, pair_sides
 from pipeline.schema import SplitConfig
 
 SOURCE_SPLIT_NAMES = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
@@ -29,11 +29,12 @@ _SENTENCE_END = re.compile(r"(?<=[.!?…])\s+")
 CODES = {name: k for k, name in enumerate(SPLITS)}  # a split as the int8 the assignment gives each row
 
 
-def _distinct(table, name: str) -> set:
-    """The distinct values of one column of a batch."""
+def _distinct(table, name: str, stratum=None) -> set:
+    """The distinct values of one column of a batch (with `stratum`: of its values' strata)."""
     import pyarrow.compute as pc
 
-    return set(pc.unique(table.column(name)).to_pylist())
+    values = pc.unique(table.column(name)).to_pylist()
+    return set(values) if stratum is None else {stratum(v) for v in values}
 
 
 def _ids(table) -> list[str]:
@@ -46,11 +47,13 @@ def _hash_codes(table, seed: int, cuts: tuple[float, float]) -> np.ndarray:
     return np.where(u < cuts[0], 0, np.where(u < cuts[1], 1, 2)).astype(np.int8)
 
 
-def _hash_and_class(table, seed: int, classes: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(rows,) float64 hashes and (rows,) int32 class indices of a batch (stratify=true)."""
+def _hash_and_class(table, seed: int, classes: list[str], stratum=None) -> tuple[np.ndarray, np.ndarray]:
+    """(rows,) float64 hashes and (rows,) int32 class indices of a batch (stratify=true); a row's class is its
+    label, or with `stratum` (a task's strata) its label's stratum."""
     index = {c: k for k, c in enumerate(classes)}
     u = np.array([unit_hash(seed, i) for i in _ids(table)], dtype=np.float64)
-    return u, np.array([index[c] for c in table.column("label").to_pylist()], dtype=np.int32)
+    labels = table.column("label").to_pylist()
+    return u, np.array([index[c if stratum is None else stratum(c)] for c in labels], dtype=np.int32)
 
 
 def _stratified_codes(u: np.ndarray, cls: np.ndarray, cuts: tuple[float, float], ids_of) -> np.ndarray:
@@ -80,12 +83,14 @@ def cut_points(ratios: tuple[float, float, float]) -> tuple[float, float]:
     return ratios[0], ratios[0] + ratios[1]
 
 
-def label_classes(ds, engine) -> list[str]:
-    """The distinct labels of `ds`, sorted: the classes a stratified split ranks within."""
-    return sorted(engine.reduce(ds, functools.partial(_distinct, name="label"), add_up, ["label"], desc="classes"))
+def label_classes(ds, engine, stratum=None) -> list[str]:
+    """The distinct labels (or their strata) of `ds`, sorted: the classes a stratified split ranks within."""
+    return sorted(engine.reduce(ds, functools.partial(_distinct, name="label", stratum=stratum), add_up, ["label"],
+                                desc="classes"))
 
 
-def assign_codes(ds, engine, ratios: tuple[float, float, float], seed: int, stratify: bool) -> np.ndarray:
+def assign_codes(ds, engine, ratios: tuple[float, float, float], seed: int, stratify: bool,
+                 stratum=None) -> np.ndarray:
     """(rows,) int8 split code (CODES) of each row of `ds` (id, label): hash thresholds, or per-class
     hash ranks cut at the ratios. The hashes are computed where `engine` reduces (on Ray: in tasks);
     stratified, the ranking needs them all, so the driver receives 8 B of hash + 4 B of class per row
@@ -93,8 +98,8 @@ def assign_codes(ds, engine, ratios: tuple[float, float, float], seed: int, stra
     cuts = cut_points(ratios)
     if not stratify:
         return engine.reduce(ds, functools.partial(_hash_codes, seed=seed, cuts=cuts), concat, ["id"], desc="split")
-    classes = label_classes(ds, engine)
-    u, cls = engine.reduce(ds, functools.partial(_hash_and_class, seed=seed, classes=classes), concat,
+    classes = label_classes(ds, engine, stratum)
+    u, cls = engine.reduce(ds, functools.partial(_hash_and_class, seed=seed, classes=classes, stratum=stratum), concat,
                            ["id", "label"], desc="split")
     return _stratified_codes(u, cls, cuts, lambda rows: fetch(engine, ds, rows, ("id",))[0])
 
@@ -256,14 +261,14 @@ def _leakage(parts: dict, cfg: SplitConfig, ctx: StageContext) -> tuple[dict, di
     return dropped, found
 
 
-def split_rows(ds, cfg: SplitConfig, engine) -> tuple[dict, bool]:
+def split_rows(ds, cfg: SplitConfig, engine, stratum=None) -> tuple[dict, bool]:
     """({split: its rows of `ds`, less source_split}, whether the source's own split was kept): the
     codes of every row (assign_codes or _from_source), then a select per split (8 B per row). The
     local engine's way; the Ray engine's (ray_split.py) routes the rows in tasks by the same rules."""
     codes = _from_source(ds, cfg, engine)
     source_kept = codes is not None
     if codes is None:
-        codes = assign_codes(ds, engine, (cfg.train, cfg.validation, cfg.test), cfg.seed, cfg.stratify)
+        codes = assign_codes(ds, engine, (cfg.train, cfg.validation, cfg.test), cfg.seed, cfg.stratify, stratum)
     base = ds.remove_columns("source_split")
     return {s: base.select(np.flatnonzero(codes == CODES[s])) for s in SPLITS}, source_kept
 
@@ -273,7 +278,8 @@ def split(ds, cfg: SplitConfig, ctx: StageContext) -> StageResult:
     The leakage check uses the MinHash settings of ctx.similarity (the dedup section)."""
     from datasets import DatasetDict
 
-    parts, source_kept = ctx.engine.split_rows(ds, cfg, split_rows)
+    stratum = ctx.strata(ds, ctx.engine) if ctx.strata is not None and cfg.stratify else None
+    parts, source_kept = ctx.engine.split_rows(ds, cfg, split_rows, stratum)
     if not parts["train"].num_rows:  # a tokenizer trained on nothing, and nothing to train on
         how = ("the source's own split has none; set split.use_source_split=false to split by ratio" if source_kept
                else f"{ds.num_rows} documents are too few for split.train={cfg.train}")
@@ -282,8 +288,9 @@ def split(ds, cfg: SplitConfig, ctx: StageContext) -> StageResult:
     checks = leakage_checks(getattr(ctx.similarity, "keep_test_whole", False))
     contaminated, ngram_stats = ({}, {}) if cfg.contamination == "off" else contamination.check(parts, cfg, ctx, checks)
     dropped.update(contaminated)
+    sides = pair_sides.check(parts, ctx, checks) if ctx.pairs else None
     docs = {s: parts[s].num_rows for s in SPLITS}
     out = DatasetDict({s: _chunk_rows(parts[s], cfg, ctx) for s in SPLITS})
     stats = {"source_split_kept": source_kept, "documents": docs, "rows": {s: out[s].num_rows for s in SPLITS},
-             "leaks_found": found, "contamination": ngram_stats}
+             "leaks_found": found, "contamination": ngram_stats, **({"pair_sides": sides} if sides else {})}
     return StageResult(out, dropped, stats)

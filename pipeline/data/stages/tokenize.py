@@ -21,6 +21,7 @@ import numpy as np
 
 from pipeline.data.engines.base import StageContext, StageResult
 from pipeline.data.engines.ops import SPLITS, TEXT, add_up, column
+from pipeline.data.io import pair
 from pipeline.resolve import resolve_pretrained
 from pipeline.schema import TokenizeConfig
 
@@ -135,8 +136,9 @@ def _save_trained(tok, specials: dict, dest: Path, cfg: TokenizeConfig) -> None:
     (dest / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
 
 
-def build_tokenizer(train_texts, cfg: TokenizeConfig, pretrained: str, dest: Path):
-    """Make the artifact's tokenizer folder at `dest`; return a `tokenizers.Tokenizer` set to truncate."""
+def build_tokenizer(train_texts, cfg: TokenizeConfig, pretrained: str, dest: Path, pairs: bool = False):
+    """Make the artifact's tokenizer folder at `dest`; return a `tokenizers.Tokenizer` set to truncate
+    (`pairs`: sentence pairs, cut by tokenize.pair_truncation)."""
     from tokenizers import Tokenizer
 
     if cfg.kind == "pretrained":
@@ -146,7 +148,8 @@ def build_tokenizer(train_texts, cfg: TokenizeConfig, pretrained: str, dest: Pat
         _save_trained(tok, specials, dest, cfg)
     tok.no_padding()  # padding happens per batch at training time
     # head_tail has no equivalent in tokenizers' settings: the artifact keeps the head (see _head_tail_encoder)
-    tok.enable_truncation(max_length=cfg.max_length, direction="left" if cfg.truncation == "tail" else "right")
+    tok.enable_truncation(max_length=cfg.max_length, direction="left" if cfg.truncation == "tail" else "right",
+                          strategy=cfg.pair_truncation if pairs else "longest_first")
     tok.save(str(dest / "tokenizer.json"))  # the artifact encodes exactly as this stage did (head, tail)
     return tok
 
@@ -225,9 +228,44 @@ def _columns(ids: list[list[int]], truncated: list[bool]) -> dict:
             "truncated": truncated}
 
 
-def _encoder(tok, cfg: TokenizeConfig):
+def pair_types(tok) -> bool:
+    """Whether the tokenizer's pair template marks the second text with token type 1 (BERT's [SEP] b [SEP]:1):
+    then the pairs carry token_type_ids; a template without (a byte-level BPE's) gives them all 0."""
+    return any(tok.post_process(tok.encode("a", add_special_tokens=False),
+                                tok.encode("b", add_special_tokens=False)).type_ids)
+
+
+def _pair_encoder(tok, cfg: TokenizeConfig):
+    """The batch function of sentence pairs: each row's two texts through the tokenizer's pair template, as
+    transformers' `tokenizer(text, text_pair)` and `pipeline()` encode them; token_type_ids where the template
+    has types. A side that only_first/only_second cannot cut enough is one line naming the row."""
+    types = pair_types(tok)
+
+    def enc(batch):
+        sides = list(zip(*pair.decode_all(batch[TEXT])))
+        try:
+            out = tok.encode_batch(sides)
+        except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception; find the row and say why
+            for k, (a, b) in enumerate(sides):
+                try:
+                    tok.encode(a, b)
+                except Exception as e:  # noqa: BLE001
+                    where = f"document '{batch['id'][k]}'" if "id" in batch else f"row {k}"
+                    raise ValueError(f"tokenize: {where}: {e} (tokenize.pair_truncation={cfg.pair_truncation} cuts "
+                                     f"one side only; the other is too long for max_length={cfg.max_length}: use "
+                                     f"longest_first or raise max_length)") from None
+            raise
+        cols = _columns([e.ids for e in out], [bool(e.overflowing) for e in out])
+        return {**cols, "token_type_ids": [e.type_ids for e in out]} if types else cols
+
+    return enc, types
+
+
+def _encoder(tok, cfg: TokenizeConfig, pairs: bool = False):
     """The stage's batch function (text -> ids, mask, length, truncated) and the head tokens it keeps
     (None unless head_tail). head and tail are tokenizers' own truncation, right or left."""
+    if pairs:
+        return _pair_encoder(tok, cfg)[0], None
     if cfg.truncation == "head_tail":
         return _head_tail_encoder(tok, cfg)
 
@@ -288,12 +326,18 @@ def tokenize(dd, cfg: TokenizeConfig, ctx: StageContext) -> StageResult:
     # a trained tokenizer learns from the train texts, on the driver (the engine's answer must equal the local
     # one, so not from a sample); a pretrained one reads none of them
     train_texts = column(dd["train"], TEXT) if cfg.kind != "pretrained" else []
-    tok = build_tokenizer(train_texts, cfg, cfg.pretrained, ctx.out_dir / "tokenizer")
+    if ctx.pairs:  # a new vocabulary learns from both sides of each pair, never from the mark between them
+        train_texts = [side for t in train_texts for side in pair.decode(t)]
+    pairs = bool(ctx.pairs)
+    tok = build_tokenizer(train_texts, cfg, cfg.pretrained, ctx.out_dir / "tokenizer", pairs)
 
-    enc, head = _encoder(tok, cfg)
+    enc, head = _encoder(tok, cfg, pairs)
+    if pairs and pair_types(tok):
+        encoded["token_type_ids"] = List(Value("int8"))
     result = {}
     stats = {"kind": cfg.kind, "vocab_size": tok.get_vocab_size(), "max_length": cfg.max_length,
-             "truncation": cfg.truncation, **({"head_tokens": head} if head else {})}
+             "truncation": cfg.pair_truncation if pairs else cfg.truncation, **({"head_tokens": head} if head else {}),
+             **({"pairs": True, "token_type_ids": "token_type_ids" in encoded} if pairs else {})}
     for s in SPLITS:  # one pass: the rows tokenized and their lengths tallied; `truncated` only counted, not kept
         result[s], tally = ctx.engine.map_filter(dd[s], enc, encoded, None, drop=["truncated"], tally=_length_counts,
                                                  combine=add_up, batch_size=1000, desc=f"tokenize {s}")

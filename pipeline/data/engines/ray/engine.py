@@ -349,11 +349,11 @@ class RayEngine:
         return ray_dedup.dedup(self, ds, cfg, splits, report)
 
     # ------------------------------------------------------------ split's rows, routed by tasks (ray_split.py)
-    def split_rows(self, ds: Any, cfg: Any, split_local: Any = None) -> tuple[dict, bool]:
+    def split_rows(self, ds: Any, cfg: Any, split_local: Any = None, stratum: Any = None) -> tuple[dict, bool]:
         """split.split_rows's answer from tasks that write each split's rows (`split_local` is the local way)."""
         from pipeline.data.engines.ray import split as ray_split
 
-        return ray_split.split_rows(self, ds, cfg)
+        return ray_split.split_rows(self, ds, cfg, stratum)
 
     def drop_rows(self, ds: Any, rows: list[int]) -> Any:
         """`ds` without `rows` (ascending), written by tasks that copy the other rows (no indices here)."""

@@ -160,19 +160,19 @@ def stratified_cuts(engine: Any, ds: Any, keys: Any, classes: int, cuts: tuple[f
     return hashes, ties
 
 
-def split_rows(engine: Any, ds: Any, cfg: Any) -> tuple[dict, bool]:
+def split_rows(engine: Any, ds: Any, cfg: Any, stratum: Any = None) -> tuple[dict, bool]:
     """split.split_rows's answer on Ray: the rule of each row's split as a per-batch function, then
     one route pass writing each split's rows."""
     if not ds.num_rows:
-        return split.split_rows(ds, cfg, engine)
+        return split.split_rows(ds, cfg, engine, stratum)
     share, cuts = split.source_share(ds, cfg, engine), split.cut_points((cfg.train, cfg.validation, cfg.test))
     if share is not None:
         codes_of = functools.partial(split._source_codes, seed=cfg.seed, share=share)
     elif not cfg.stratify:
         codes_of = functools.partial(split._hash_codes, seed=cfg.seed, cuts=cuts)
     else:
-        classes = split.label_classes(ds, engine)
-        keys = functools.partial(split._hash_and_class, seed=cfg.seed, classes=classes)
+        classes = split.label_classes(ds, engine, stratum)
+        keys = functools.partial(split._hash_and_class, seed=cfg.seed, classes=classes, stratum=stratum)
         return stratified_rows(engine, ds, keys, len(classes), cuts, chunked=cfg.chunk == "none"), False
     parts = _route(engine, ds, functools.partial(_by_table, codes_of=codes_of), cfg.chunk == "none")
     return dict(zip(split.SPLITS, parts)), share is not None

@@ -1,0 +1,76 @@
+"""Multi-label text classification (transformers' problem_type multi_label_classification): a label stage maps each
+row's labels to a multi-hot vector before tokenize; classification's model with BCE loss; each label predicted where
+its sigmoid reaches its threshold (label.threshold, or tuned per label on validation at the end of training and saved
+in config.json); micro/macro F1, subset accuracy and per-label precision/recall, per chunk and per document."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pipeline.data.engines.base import Stage
+from pipeline.tasks import classification
+from pipeline.tasks.multilabel import collate, evaluate, label, model, report, score
+
+METRICS = {"micro_f1": True, "macro_f1": True, "subset_accuracy": True, "loss": False}  # True where higher is better
+
+
+def stages(cfg, tokenize: Stage) -> list[Stage]:
+    return [Stage("label", label.label, cfg.label), tokenize]
+
+
+def data_info(manifests: dict) -> dict:
+    stats = manifests["label"]["stats"]
+    return {"label_names": stats["label_names"], "threshold": stats["threshold"]}
+
+
+def validate(cfg) -> None:
+    """label.names and label.rules, and train.metric_for_best, checked before any data is read."""
+    label.check_config(cfg.label)
+    if cfg.train.metric_for_best not in METRICS:
+        raise ValueError(f"train.metric_for_best: {cfg.train.metric_for_best!r} is not one of "
+                         f"{', '.join(map(repr, METRICS))} (the multilabel task's metrics)")
+
+
+def score_logits(logits, ds, info: dict) -> dict:
+    """Every scalar validation metric (loss, micro/macro F1, subset accuracy, Hamming loss, examples) of (n, k)
+    logits at the thresholds of `info` (during training: label.threshold)."""
+    names = info["label_names"]
+    metrics = score.logit_metrics(logits, score.targets(ds, len(names)), score.thresholds(info), names)
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+
+
+def final_config(logits, ds, info: dict, cfg) -> dict:
+    """config.json's label_thresholds: with label.tune_thresholds, each label's best-F1 threshold on the final
+    model's validation logits (label.threshold for a label without a positive there); else label.threshold."""
+    names, default = info["label_names"], cfg.label.threshold
+    cut = (score.tune(score.sigmoid(logits), score.targets(ds, len(names)), default) if cfg.label.tune_thresholds
+           else [default] * len(names))
+    return {model.THRESHOLDS: {n: float(t) for n, t in zip(names, cut)}}
+
+
+def card_metrics(metrics: dict) -> list[tuple[str, str, float]]:
+    """A model card's figures: document-level micro and macro F1 and subset accuracy."""
+    d = metrics["document"]
+    return [("f1", "Micro F1", d["micro_f1"]), ("f1", "Macro F1", d["macro_f1"]),
+            ("accuracy", "Subset accuracy", d["subset_accuracy"])]
+
+
+# classification's columns, model class, LoRA head, peft task type and pipeline tag; its own labels, loss and scores
+TASK = dataclasses.replace(
+    classification.TASK,
+    name="multilabel",
+    stages=stages,
+    data_info=data_info,
+    validate=validate,
+    metrics=METRICS,
+    collator=collate.Collator,
+    build_model=model.build_model,
+    score=score_logits,
+    check_model=model.check_model,
+    evaluate=evaluate.evaluate,
+    write_report=evaluate.write_report,
+    summary=report.format_table,
+    final_config=final_config,
+    strata=label.strata,
+    card_metrics=card_metrics,
+)
