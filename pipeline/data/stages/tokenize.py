@@ -132,6 +132,8 @@ def _save_trained(tok, specials: dict, dest: Path, cfg: TokenizeConfig) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     tok.save(str(dest / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_length, **specials}
+    if pair_types(tok):  # BERT's segments: transformers (pipeline() too) then feeds a pair's token types as trained
+        config["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
     (dest / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     (dest / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
 

@@ -35,19 +35,22 @@ def bins(rows: int, ratios: tuple[float, ...]) -> int:
 
 
 def edges(values: np.ndarray, count: int) -> tuple[float, ...]:
-    """The inner edges of `count` quantile bins of `values`, ties merged (a target shared by many rows is one bin)."""
+    """The inner edges of `count` quantile bins of `values`: targets that occur, ties merged (a target shared by many
+    rows is in one bin)."""
     if not len(values) or count < 2:
         return ()
-    return tuple(float(x) for x in np.unique(np.quantile(values, np.linspace(0, 1, count + 1)[1:-1])))
+    cuts = np.quantile(values, np.linspace(0, 1, count + 1)[1:-1], method="lower")
+    return tuple(float(x) for x in np.unique(cuts))
 
 
 def stratum(raw, edges: tuple[float, ...]) -> str:
-    """A raw label's quantile bin ("00", "01", ...), or "" when it is empty or not a number."""
+    """A raw label's quantile bin ("00", "01", ...: bin k holds the targets above edge k-1 up to edge k), or ""
+    when it is empty or not a number."""
     try:
         value = parse(raw)
     except ValueError:
         return ""
-    return "" if value is None else f"{int(np.searchsorted(edges, value, side='right')):02d}"
+    return "" if value is None else f"{int(np.searchsorted(edges, value, side='left')):02d}"
 
 
 def strata(cfg, ds, engine) -> functools.partial:
