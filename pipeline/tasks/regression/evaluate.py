@@ -81,8 +81,8 @@ def write_report(tmp: Path, metrics: dict, outputs: np.ndarray, dataset: Any, ev
     write_jsonl(tmp / "predictions.jsonl", examples)
     write_jsonl(tmp / "documents.jsonl", documents)
     scale = metrics["scale"]
-    report.write_scatter(tmp / "scatter.png", targets, outputs[:, 0], scale, f"{split}: chunks", metrics["chunk"])
+    report.write_scatter(tmp / "scatter.png", targets, outputs[:, 0], scale, f"{split}, chunks", metrics["chunk"])
     if len(docs.ids) and docs.num_chunks.max() > 1:
         report.write_scatter(tmp / "scatter_documents.png", docs.targets, docs.predictions, scale,
-                             f"{split}: documents", metrics["document"])
+                             f"{split}, documents", metrics["document"])
     report.write_tensorboard(tmp, metrics, targets, outputs[:, 0], metrics["step"])

@@ -117,7 +117,7 @@ def label(dd, cfg: LabelConfig, ctx: StageContext) -> StageResult:
     per_split = {s: ctx.engine.reduce(dd[s], fn, _add_targets, ["id", "label"], desc=f"targets {s}") for s in SPLITS}
     if cfg.unknown == "error":
         _errors(per_split, cfg)
-    values = {s: per_split[s][0].astype(np.float32).astype(np.float64) for s in SPLITS}  # as the data holds them
+    values = {s: per_split[s][0] for s in SPLITS}
     found = np.concatenate(list(values.values()))
     if not len(found):
         raise ValueError("label: no targets found: every row's label is empty or not a number")

@@ -36,7 +36,7 @@ def scatter_figure(targets, predictions, scale: list, title: str, level: dict) -
     ax.scatter(t, p, s=8, alpha=min(1.0, max(0.1, 200 / max(len(t), 1))), edgecolors="none")
     ax.plot([low, high], [low, high], color="grey", linewidth=1, linestyle="--", label="y = x")
     ax.set(xlim=(low, high), ylim=(low, high), xlabel="target", ylabel="prediction", aspect="equal",
-           title=f"{title}: Pearson {level['pearson']:.4f}, MSE {level['mse']:.4f} ({len(t)})")
+           title=f"{title} ({len(t)}): Pearson {level['pearson']:.4f}, MSE {level['mse']:.4f}")
     ax.legend(loc="upper left")
     return fig
 
@@ -58,7 +58,7 @@ def write_tensorboard(out: Path, metrics: dict, targets, predictions, step: int)
         for level in ("chunk", "document"):
             for key, _ in LEVEL_METRICS:
                 writer.add_scalar(f"eval_{split}/{level}/{key}", metrics[level][key], step)
-        figure = scatter_figure(targets, predictions, metrics["scale"], f"{split}: chunks", metrics["chunk"])
+        figure = scatter_figure(targets, predictions, metrics["scale"], f"{split}, chunks", metrics["chunk"])
         writer.add_figure(f"eval_{split}/scatter", figure, step)  # closes the figure
     finally:
         writer.close()
