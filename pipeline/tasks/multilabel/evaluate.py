@@ -22,9 +22,9 @@ def documents(ids: list[str], logits: np.ndarray, targets: np.ndarray, label_nam
     differ = np.flatnonzero((targets != targets[first][inverse.reshape(-1)]).any(axis=1))
     if len(differ):
         row = int(differ[0])
-        raise ValueError(f"document '{ids_arr[row]}' has chunks with different labels ({report.names(targets[row], label_names)} "
-                         f"and {report.names(targets[first[inverse[row]]], label_names)}); chunks of one document must "
-                         f"share its labels")
+        one, other = (report.names(targets[r], label_names) for r in (row, first[inverse[row]]))
+        raise ValueError(f"document '{ids_arr[row]}' has chunks with different labels ({one} and {other}); chunks of "
+                         f"one document must share its labels")
     sets, codes = np.unique(targets, axis=0, return_inverse=True)  # each distinct label set; each row's, by index
     docs = aggregate.aggregate_documents(ids, logits, codes.reshape(-1))
     docs.labels = sets[docs.labels].reshape(len(docs.ids), targets.shape[1])

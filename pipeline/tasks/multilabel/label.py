@@ -9,10 +9,10 @@ from collections import Counter, defaultdict
 
 from pipeline.data.engines.base import StageContext, StageResult
 from pipeline.data.engines.ops import SPLITS, add_up
+from pipeline.data.io.readers import LABEL_LIST as LIST  # how the reader joins a list column's labels
 from pipeline.schema import LabelConfig
 from pipeline.tasks.classification import label as single
 
-LIST = "\x1f"  # how the reader joins a list column's labels (ASCII unit separator: in no label)
 EXAMPLES = single.EXAMPLES  # ids the unknown-label error shows per label
 
 

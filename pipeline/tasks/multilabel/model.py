@@ -32,6 +32,6 @@ def check_model(trained: Any, info: dict, ckpt: Path) -> None:
     saved = getattr(trained.config, THRESHOLDS, None)
     if saved is not None:
         if sorted(saved) != sorted(info["label_names"]):
-            raise ValueError(f"checkpoint {ckpt} has {THRESHOLDS} for {sorted(saved)} (config.json), not for its labels "
-                             f"{info['label_names']}")
+            raise ValueError(f"checkpoint {ckpt} has {THRESHOLDS} for {sorted(saved)} (config.json), not for its "
+                             f"labels {info['label_names']}")
         info["thresholds"] = {n: float(saved[n]) for n in info["label_names"]}

@@ -13,8 +13,6 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-import numpy as np
-
 from pipeline.tasks.classification.report import _export_note
 
 LEVELS = ("chunk", "document")
@@ -79,8 +77,8 @@ def format_table(metrics: dict) -> str:
     for key, title in HEADLINE:
         lines.append(f"{title:<16} {chunk[key]:>8.4f} {doc[key]:>10.4f}")
     width = max(8, *(len(n) for n in label_names))
-    lines += ["", f"{'label':<{width}} {'precision':>9} {'recall':>7} {'f1':>7} {'support':>8} {'threshold':>9}   "
-                  f"(documents)"]
+    header = f"{'label':<{width}} {'precision':>9} {'recall':>7} {'f1':>7} {'support':>8} {'threshold':>9}"
+    lines += ["", header + "   (documents)"]
     for name in label_names:
         v = doc["per_label"][name]
         lines.append(f"{name:<{width}} {v['precision']:>9.4f} {v['recall']:>7.4f} {v['f1']:>7.4f} {v['support']:>8} "
