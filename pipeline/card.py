@@ -178,12 +178,20 @@ def _data_lines(cfg, data: dict) -> list[str]:
                               for x in cont["checks"])
             leak += (f"; documents sharing a {cont['ngram']}-word n-gram (split.contamination `{cont['policy']}`): "
                      f"{found}")
+        if st.get("pair_sides"):
+            both = ", ".join(f"{k} {v['both_sides']:,}" for k, v in st["pair_sides"].items())
+            leak += f"; sentence pairs whose two sides both occur in train, reported: {both}"
         kept = "the source's own splits kept" if st.get("source_split_kept") else "split by ratio"
         sizes = ", ".join(f"{k} {v:,} documents" for k, v in docs.items())
         lines.append(f"- **Splits** ({kept}): {sizes}{leak}.")
-    label = man.get("label", {})
-    if label:
-        counts = label.get("stats", {}).get("class_counts", {}).get("train", {})
+    label = man.get("label", {}).get("stats", {})
+    if "targets" in label:  # regression
+        t, (low, high) = label["targets"].get("train", {}), label["scale"]
+        lines.append(f"- **Targets in train** (scale [{low:g}, {high:g}], {label.get('scale_from', 'found')}): "
+                     f"{t.get('count', 0):,}, mean {t.get('mean', 0):.3g} ± {t.get('std', 0):.3g}, range "
+                     f"[{t.get('min', 0):.3g}, {t.get('max', 0):.3g}].")
+    elif label:
+        counts = label.get("class_counts", label.get("label_counts", {})).get("train", {})
         lines.append("- **Classes in train**: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()) + ".")
     tok = man.get("tokenize", {})
     if tok:

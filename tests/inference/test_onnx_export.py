@@ -56,7 +56,7 @@ def test_fp32_logits_equal_torch_within_1e_4_and_the_graph_is_fused(world, tmp_p
     assert np.abs(ort_logits - torch_logits).max() < 1e-4
     info = artifacts.read_json(folder / artifacts.MANIFEST)
     assert info["fused"]["Attention"] == 2 and info["fused"]["SkipLayerNormalization"] == 4
-    assert info["inputs"] == ["input_ids", "attention_mask"] and counted == ["fp32"]
+    assert info["inputs"] == ["input_ids", "attention_mask", "token_type_ids"] and counted == ["fp32"]
     assert sorted(p.name for p in folder.iterdir()) == [artifacts.MANIFEST, onnx_export.MODEL_FILE]
 
 

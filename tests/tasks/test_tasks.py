@@ -17,7 +17,8 @@ def test_the_default_task_is_classification_and_every_existing_config_means_what
 
 
 def test_an_unknown_task_is_one_line_naming_the_key_and_the_closest():
-    with pytest.raises(ConfigError, match=r"^task: 'clasification' is not a task \(causal_lm, classification, instruct\); did you mean "
+    with pytest.raises(ConfigError, match=r"^task: 'clasification' is not a task \(causal_lm, classification, instruct, "
+                                          r"multilabel, regression\); did you mean "
                                           r"'classification'\?$"):
         load_config(None, ["task=clasification"])
 
@@ -30,12 +31,13 @@ def test_metric_for_best_is_one_of_the_tasks_metrics():
 
 
 def test_every_field_of_the_contract_is_filled_by_every_task():
-    """Every field without a default (the optional ones, outputs, loss_tokens, samples and LoRA's head, have None
-    as theirs); every task names its peft task type, so peft.method=lora works for each, and its hub pipeline
+    """Every field without a default (the optional ones, outputs, loss_tokens, samples, final_config, strata and
+    LoRA's head, have None as theirs); every task names its peft task type, so peft.method=lora works for each, and its hub pipeline
     tag and headline figures, so its model card has them."""
     names = [f.name for f in dataclasses.fields(Task) if f.default is dataclasses.MISSING]
     assert [f.name for f in dataclasses.fields(Task) if f.name not in names] == [
-        "outputs", "loss_tokens", "samples", "peft_task_type", "head", "pipeline_tag", "card_metrics"]
+        "outputs", "loss_tokens", "samples", "peft_task_type", "head", "final_config", "strata", "pipeline_tag",
+        "card_metrics"]
     for name, task in tasks.TASKS.items():
         assert task.name == name
         assert all(getattr(task, f) is not None for f in names), name

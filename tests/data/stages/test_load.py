@@ -105,9 +105,9 @@ def test_tsv_unquoted_and_max_rows(tmp_path):
 
 def test_byte_order_marks_are_not_text(tmp_path):
     (tmp_path / "d.csv").write_bytes("text,label\nhi,1\n".encode("utf-8-sig"))
-    (tmp_path / "d.jsonl").write_bytes('{"text": "hi", "label": 1}\n{"text": "x", "label": [1]}\n'.encode("utf-8-sig"))
+    (tmp_path / "d.jsonl").write_bytes('{"text": "hi", "label": 1}\n{"text": "x", "label": {"a": 1}}\n'.encode("utf-8-sig"))
     assert _rows(_load(tmp_path, format="csv", path=str(tmp_path / "d.csv")))[0]["text"] == "hi"
-    with pytest.raises(ValueError, match=r"d\.jsonl:2: field 'label' holds a JSON list"):  # line 1 parses despite the BOM
+    with pytest.raises(ValueError, match=r"d\.jsonl:2: field 'label' holds a JSON dict"):  # line 1 parses despite the BOM
         _load(tmp_path, format="jsonl", path=str(tmp_path / "d.jsonl"))
 
 
