@@ -16,17 +16,6 @@ from pipeline.tasks.multilabel import label
 BLOCKS = [1, 2, 7]
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    from pipeline.data.engines.ray import engine as engine_ray
-
-    engine_ray.start_local(RayConfig(num_cpus=2, object_store_mb=256))
-    yield ray
-    ray.shutdown()
-
-
 def _engine(blocks: int):
     import ray
 

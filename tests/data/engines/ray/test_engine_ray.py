@@ -47,7 +47,7 @@ def _assert_same_stages(a_dir: Path, b_dir: Path) -> None:
             assert d.features == py[split].features, f"{x.name} {split}"
             assert d.column_names == py[split].column_names, f"{x.name} {split}"
             assert d.to_list() == py[split].to_list(), f"{x.name} {split}: rows differ"
-        for side in ("clusters.jsonl", "leakage.jsonl", "contamination.jsonl"):
+        for side in ("clusters.jsonl", "leakage.jsonl", "contamination.jsonl", "pair_sides.jsonl"):
             assert (x / side).exists() == (y / side).exists(), f"{x.name}/{side}"
             if (x / side).exists():
                 assert (x / side).read_bytes() == (y / side).read_bytes(), f"{x.name}/{side}"
@@ -91,6 +91,42 @@ def test_instruction_data_prepared_on_ray_equals_the_local_engine(tmp_path, ray_
     assert (split_stage / "contamination.jsonl").read_text().count("\n") > 0  # 6-grams: answers shared across splits
     prepared = json.loads((tmp_path / "ray" / "data" / "prepared.json").read_text())["data_info"]
     assert prepared["template"] == "plain" and prepared["packing"] is True
+
+
+def _kinds_source(root: Path) -> Path:
+    """Scored sentence pairs (STS-B's shape: symmetric, a float target) with a list of tags each: 300 rows, some
+    swapped copies, some pairs reusing sides, some with an empty side; the pairs/regression and multilabel runs
+    below read the same file."""
+    rng = random.Random(3)
+    words = [f"w{k}" for k in range(80)]
+    sentences = [" ".join(rng.sample(words, rng.randint(4, 10))) for _ in range(200)]
+    rows = []
+    for k in range(300):
+        a, b = rng.choice(sentences), rng.choice(sentences)
+        rows.append({"a": a, "b": "" if k % 50 == 7 else b, "score": round(rng.uniform(0, 5), 2),
+                     "tags": sorted(rng.sample(["x", "y", "z", "rare"], rng.choice([0, 1, 2])))})
+    rows += [{**r, "a": r["b"], "b": r["a"]} for r in rows[:10] if r["b"]]
+    path = root / "kinds.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("kind", ["pairs_regression", "multilabel"])
+def test_pairs_regression_and_multilabel_prepared_on_ray_equal_the_local_engine(tmp_path, ray_cluster, kind):
+    """Each kind's stages (pairs cleaned side by side and stored in one order, the side check, strata by the
+    target's bins or the rarest tag, float or multi-hot labels, pair token types) are the same on both engines."""
+    source = _kinds_source(tmp_path)
+    common = ["source.format=jsonl", f"source.path={source}", "source.text_field=a", "tokenize.kind=wordpiece",
+              "tokenize.vocab_size=300", "tokenize.min_frequency=0", "label.names=[]", "ray.blocks=3"]
+    extra = {"pairs_regression": ["task=regression", "source.text_pair_field=b", "source.symmetric_pairs=true",
+                                  "source.label_field=score", "label.scale=[0,5]", "train.metric_for_best=pearson"],
+             "multilabel": ["task=multilabel", "source.label_field=tags", "train.metric_for_best=micro_f1"]}[kind]
+    for engine in ("local", "ray"):
+        cfg = load_config(TINY, [f"output_dir={tmp_path / engine}", f"prepare.engine={engine}", *common, *extra])
+        runner.run(cfg, progress=False)
+    _assert_same_stages(tmp_path / "local" / "data", tmp_path / "ray" / "data")
+    split_stage = _stage_dirs(tmp_path / "ray" / "data")[3]
+    assert (split_stage / "pair_sides.jsonl").exists() == (kind == "pairs_regression")
 
 
 # ---------------------------------------------------------------- dedup on a planted corpus

@@ -1,0 +1,121 @@
+"""The three kinds of classification beyond one label per text (configs/pairs.yaml, configs/multilabel.yaml,
+configs/regression.yaml) against simple baselines on the same prepared test split.
+
+Baselines, fit on the prepared train split (the texts after clean, dedup and split, as the model saw them):
+  majority / mean       pairs: the train split's most frequent class; multilabel: every label whose train share is
+                        at least half (usually none); regression: the train mean (Pearson and Spearman are 0)
+  bag of words          scikit-learn TF-IDF of word 1-2-grams (min_df 2) into a linear model: pairs, logistic
+                        regression on [TF-IDF(first) * TF-IDF(second), |first - second|, cosine]; multilabel,
+                        one logistic regression per label at 0.5; regression, ridge (alpha 1)
+  model                 evaluate.py's metrics.json of the run's final model on the test split
+
+    python pipeline/prepare.py --config configs/regression.yaml && python pipeline/train.py --config configs/regression.yaml
+    python pipeline/evaluate.py --config configs/regression.yaml --split test
+    python bench/bench_kinds.py --config configs/regression.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.config import load_config  # noqa: E402
+from pipeline.data.io import pair  # noqa: E402
+from pipeline.data.prepared import load_prepared  # noqa: E402
+
+
+def _vectorizer():
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    return TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
+
+
+def _pair_features(vec, texts):
+    from scipy.sparse import csr_matrix, hstack
+
+    first, second = pair.decode_all(texts)
+    a, b = vec.transform(first), vec.transform(second)
+    cosine = np.asarray(a.multiply(b).sum(axis=1))  # rows are l2-normalised
+    return hstack([a.multiply(b), abs(a - b), csr_matrix(cosine)]).tocsr()
+
+
+def pairs(train, test, info) -> list[tuple[str, dict]]:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import accuracy_score, f1_score
+
+    y_train, y_test = np.asarray(train["label"]), np.asarray(test["label"])
+    majority = np.full_like(y_test, np.bincount(y_train).argmax())
+    vec = _vectorizer().fit([s for t in train["text"] for s in pair.decode(t)])
+    clf = LogisticRegression(max_iter=2000, C=4.0).fit(_pair_features(vec, train["text"]), y_train)
+    bow = clf.predict(_pair_features(vec, test["text"]))
+    return [(name, {"accuracy": accuracy_score(y_test, p), "macro_f1": f1_score(y_test, p, average="macro")})
+            for name, p in (("majority class", majority), ("bag of words", bow))]
+
+
+def multilabel(train, test, info) -> list[tuple[str, dict]]:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import accuracy_score, f1_score
+
+    y_train, y_test = np.asarray(train["label"]), np.asarray(test["label"])
+    majority = np.tile((y_train.mean(axis=0) >= 0.5).astype(int), (len(y_test), 1))
+    vec = _vectorizer().fit(train["text"])
+    x_train, x_test = vec.transform(train["text"]), vec.transform(test["text"])
+    bow = np.zeros_like(y_test)
+    for k in range(y_train.shape[1]):
+        if 0 < y_train[:, k].sum() < len(y_train):
+            bow[:, k] = LogisticRegression(max_iter=2000, C=4.0).fit(x_train, y_train[:, k]).predict(x_test)
+
+    def scores(p):
+        return {"micro_f1": f1_score(y_test, p, average="micro", zero_division=0),
+                "macro_f1": f1_score(y_test, p, average="macro", zero_division=0),
+                "subset_accuracy": accuracy_score(y_test, p)}
+
+    return [("majority labels", scores(majority)), ("bag of words", scores(bow))]
+
+
+def regression(train, test, info) -> list[tuple[str, dict]]:
+    from scipy.stats import pearsonr, spearmanr
+    from sklearn.linear_model import Ridge
+
+    y_train, y_test = np.asarray(train["label"], dtype=np.float64), np.asarray(test["label"], dtype=np.float64)
+    vec = _vectorizer().fit(train["text"])
+    bow = Ridge(alpha=1.0).fit(vec.transform(train["text"]), y_train).predict(vec.transform(test["text"]))
+
+    def scores(p, constant=False):
+        return {"pearson": 0.0 if constant else pearsonr(p, y_test)[0],
+                "spearman": 0.0 if constant else spearmanr(p, y_test)[0],
+                "mse": float(np.mean((p - y_test) ** 2)), "mae": float(np.mean(np.abs(p - y_test)))}
+
+    return [("train mean", scores(np.full_like(y_test, y_train.mean()), constant=True)), ("bag of words", scores(bow))]
+
+
+BASELINES = {"classification": pairs, "multilabel": multilabel, "regression": regression}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True)
+    args = p.parse_args()
+    cfg = load_config(args.config)
+    prep = load_prepared(cfg, args.config)
+    train, test = (prep.splits[s].select_columns(["text", "label"])[:] for s in ("train", "test"))
+    rows = BASELINES[cfg.task](train, test, prep.info)
+    report = cfg.run_dir / "eval" / "test-final" / "metrics.json"
+    if report.is_file():
+        model = json.loads(report.read_text())["document"]
+        rows.append((f"model ({cfg.model.name_or_path or cfg.model.from_scratch})", model))
+    keys = list(rows[0][1])
+    print(f"{args.config}: {len(train['label']):,} train, {len(test['label']):,} test rows\n")
+    print("| predictor | " + " | ".join(keys) + " |\n|---|" + "---:|" * len(keys))
+    for name, m in rows:
+        print(f"| {name} | " + " | ".join(f"{m[k]:.4f}" for k in keys) + " |")
+
+
+if __name__ == "__main__":
+    main()
