@@ -85,12 +85,14 @@ def test_a_multilabel_run_resumes_exactly_tunes_its_thresholds_evaluates_and_exp
     _reset()
     assert train(cfg, str(tags_config)) == signals.EXIT_OK
     straight = load_file(str(out / "run" / "final" / "model.safetensors"))
+    tuned = json.loads((out / "run" / "final" / "config.json").read_text())["label_thresholds"]
     shutil.rmtree(out / "run" / "checkpoints" / "step-0000006")
     shutil.rmtree(out / "run" / "final")
     _reset()
     assert train(cfg, str(tags_config), resume="auto") == signals.EXIT_OK
     resumed = load_file(str(out / "run" / "final" / "model.safetensors"))
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    assert json.loads((out / "run" / "final" / "config.json").read_text())["label_thresholds"] == tuned
 
     conf = json.loads((out / "run" / "final" / "config.json").read_text())
     assert conf["problem_type"] == "multi_label_classification"
@@ -106,5 +108,18 @@ def test_a_multilabel_run_resumes_exactly_tunes_its_thresholds_evaluates_and_exp
     assert {"metrics.json", "predictions.jsonl", "documents.jsonl", "per_label.csv"} <= {p.name for p in report.iterdir()}
 
     classify = pipeline("text-classification", model=str(out / "run" / "final"), device="cpu", top_k=None)
-    scores = {d["label"]: d["score"] for d in classify(["vote senate goal match"])[0]}
-    assert set(scores) == {"arts", "politics", "sports"} and sum(scores.values()) != pytest.approx(1.0)  # sigmoids
+    rows = [json.loads(x) for x in (report / "predictions.jsonl").read_text().splitlines()]
+    import datasets
+
+    test = datasets.load_from_disk(str(next((out / "data" / "stages").glob("*-tokenize-*")) / "data"))["test"]
+    texts = dict(zip(test["id"][:], test["text"][:]))
+    for row, got in zip(rows, classify([texts[r["id"]] for r in rows])):  # sigmoids, as evaluate.py's
+        assert set(row["probabilities"]) == {d["label"] for d in got}
+        assert max(abs(row["probabilities"][d["label"]] - d["score"]) for d in got) < 1e-5, row["id"]
+
+    for runtime in ("eval.runtime=onnxruntime", "eval.precision=int8"):  # the same thresholds, the same report
+        _reset()
+        other = evaluate_checkpoint(load_config(tags_config, [f"output_dir={out}", "eval.split=test", runtime]),
+                                    str(tags_config), progress=False)
+        assert other["thresholds"] == conf["label_thresholds"]
+        assert abs(other["document"]["micro_f1"] - metrics["document"]["micro_f1"]) <= 0.05, runtime

@@ -105,4 +105,16 @@ def test_a_regression_run_resumes_exactly_evaluates_and_exports(regression_confi
     final = out / "run" / "final"
     scorer = pipeline("text-classification", model=str(final), tokenizer=AutoTokenizer.from_pretrained(final),
                       device="cpu")
-    assert scorer("w1 w1 w2")[0]["label"] == "score"
+    rows = [json.loads(x) for x in (report / "predictions.jsonl").read_text().splitlines()]
+    import datasets
+
+    test = datasets.load_from_disk(str(next((out / "data" / "stages").glob("*-tokenize-*")) / "data"))["test"]
+    texts = dict(zip(test["id"][:], test["text"][:]))
+    for row, got in zip(rows, scorer([texts[r["id"]] for r in rows])):  # the raw output, no sigmoid
+        assert got["label"] == "score" and abs(got["score"] - row["prediction"]) < 1e-5, row["id"]
+
+    for runtime in ("eval.runtime=onnxruntime", "eval.precision=int8"):
+        _reset()
+        other = evaluate_checkpoint(load_config(regression_config, [f"output_dir={out}", runtime]),
+                                    str(regression_config), progress=False)
+        assert abs(other["document"]["mse"] - metrics["document"]["mse"]) <= 0.05 * metrics["document"]["mse"], runtime
