@@ -107,8 +107,10 @@ def _base(cfg) -> tuple[str, dict]:
 
 
 def _describe_model(cfg, base: str, task) -> str:
-    what = {"text-classification": "A text classifier", "text-generation": "A causal language model"}.get(
-        task.pipeline_tag, f"A {cfg.task} model")
+    kind = {"multilabel": "multi-label text classifier", "regression": "text regression model"}.get(cfg.task) or {
+        "text-classification": "text classifier", "text-generation": "causal language model"}.get(
+        task.pipeline_tag, f"{cfg.task} model")
+    what = f"A {'sentence-pair ' if cfg.source.text_pair_field else ''}{kind}"
     if cfg.model.from_scratch:
         m = cfg.model
         return f"{what}: a {m.from_scratch} of {m.num_layers} layers and hidden size {m.hidden_size}, from scratch"
