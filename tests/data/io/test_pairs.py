@@ -1,7 +1,8 @@
 """Sentence pairs into rows and through the stages up to tokenize: two columns read into one row (JSONL, CSV,
 Parquet), each side cleaned, a symmetric pair and its swapped copy made one exact duplicate, the check of
 validation/test pairs whose sides occur in train, and the pair template's ids and token types, equal to
-transformers' own `tokenizer(text, text_pair)`."""
+transformers' own `tokenizer(text, text_pair)`; and a list label (multi-label data) read as one text of its
+values from JSONL, Parquet and a hub dataset's Sequence(ClassLabel)."""
 
 from __future__ import annotations
 
@@ -128,3 +129,21 @@ def test_pairs_tokenize_as_transformers_encodes_text_and_text_pair(tmp_path):
     with pytest.raises(ValueError, match=r"^tokenize: document .2.: .* \(tokenize.pair_truncation=only_first cuts one side "
                                          "only; the other is too long for max_length=10"):
         tokenize.tokenize(dd, only, StageContext(out_dir=tmp_path / "b", progress=False, pairs="ordered"))
+
+
+def test_a_hub_list_of_class_labels_is_their_names(tmp_path, monkeypatch):
+    """GoEmotions' shape: a Sequence(ClassLabel) column; its codes become names, joined as a list label is."""
+    import datasets
+
+    from pipeline.data.io import hub
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    features = datasets.Features({"text": datasets.Value("string"),
+                                  "labels": datasets.Sequence(datasets.ClassLabel(names=["joy", "anger", "love"]))})
+    (tmp_path / "hub").mkdir()
+    datasets.Dataset.from_dict({"text": ["a b", "c d", "e f"], "labels": [[0, 2], [], [1]]}, features=features).to_parquet(
+        str(tmp_path / "hub" / "train.parquet"))
+    cfg = SourceConfig(format="hub", path=str(tmp_path / "hub"), label_field="labels")
+    named = hub.load_hub(cfg)
+    table = hub._hub_table(named["train"], "train", cfg)
+    assert table.column("label").to_pylist() == ["joy\x1flove", "", "anger"]
