@@ -5,8 +5,9 @@ Baselines, fit on the prepared train split (the texts after clean, dedup and spl
   majority / mean       pairs: the train split's most frequent class; multilabel: every label whose train share is
                         at least half (usually none); regression: the train mean (Pearson and Spearman are 0)
   bag of words          scikit-learn TF-IDF of word 1-2-grams (min_df 2) into a linear model: pairs, logistic
-                        regression on [TF-IDF(first) * TF-IDF(second), |first - second|, cosine]; multilabel,
-                        one logistic regression per label at 0.5; regression, ridge (alpha 1)
+                        regression on [first - second, first * second, cosine] (symmetric pairs: |first - second|,
+                        so that the order cannot matter); multilabel, one logistic regression per label at 0.5;
+                        regression, ridge (alpha 1)
   model                 evaluate.py's metrics.json of the run's final model on the test split
 
     python pipeline/prepare.py --config configs/regression.yaml && python pipeline/train.py --config configs/regression.yaml
@@ -36,29 +37,30 @@ def _vectorizer():
     return TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
 
 
-def _pair_features(vec, texts):
+def _pair_features(vec, texts, symmetric: bool):
     from scipy.sparse import csr_matrix, hstack
 
     first, second = pair.decode_all(texts)
     a, b = vec.transform(first), vec.transform(second)
     cosine = np.asarray(a.multiply(b).sum(axis=1))  # rows are l2-normalised
-    return hstack([a.multiply(b), abs(a - b), csr_matrix(cosine)]).tocsr()
+    return hstack([abs(a - b) if symmetric else a - b, a.multiply(b), csr_matrix(cosine)]).tocsr()
 
 
-def pairs(train, test, info) -> list[tuple[str, dict]]:
+def pairs(train, test, cfg) -> list[tuple[str, dict]]:
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import accuracy_score, f1_score
 
     y_train, y_test = np.asarray(train["label"]), np.asarray(test["label"])
     majority = np.full_like(y_test, np.bincount(y_train).argmax())
     vec = _vectorizer().fit([s for t in train["text"] for s in pair.decode(t)])
-    clf = LogisticRegression(max_iter=2000, C=4.0).fit(_pair_features(vec, train["text"]), y_train)
-    bow = clf.predict(_pair_features(vec, test["text"]))
+    symmetric = cfg.source.symmetric_pairs
+    clf = LogisticRegression(max_iter=2000, C=4.0).fit(_pair_features(vec, train["text"], symmetric), y_train)
+    bow = clf.predict(_pair_features(vec, test["text"], symmetric))
     return [(name, {"accuracy": accuracy_score(y_test, p), "macro_f1": f1_score(y_test, p, average="macro")})
             for name, p in (("majority class", majority), ("bag of words", bow))]
 
 
-def multilabel(train, test, info) -> list[tuple[str, dict]]:
+def multilabel(train, test, cfg) -> list[tuple[str, dict]]:
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import accuracy_score, f1_score
 
@@ -79,7 +81,7 @@ def multilabel(train, test, info) -> list[tuple[str, dict]]:
     return [("majority labels", scores(majority)), ("bag of words", scores(bow))]
 
 
-def regression(train, test, info) -> list[tuple[str, dict]]:
+def regression(train, test, cfg) -> list[tuple[str, dict]]:
     from scipy.stats import pearsonr, spearmanr
     from sklearn.linear_model import Ridge
 
@@ -105,7 +107,7 @@ def main() -> None:
     cfg = load_config(args.config)
     prep = load_prepared(cfg, args.config)
     train, test = (prep.splits[s].select_columns(["text", "label"])[:] for s in ("train", "test"))
-    rows = BASELINES[cfg.task](train, test, prep.info)
+    rows = BASELINES[cfg.task](train, test, cfg)
     report = cfg.run_dir / "eval" / "test-final" / "metrics.json"
     if report.is_file():
         model = json.loads(report.read_text())["document"]
