@@ -2,11 +2,13 @@
 configs/regression.yaml) against simple baselines on the same prepared test split.
 
 Baselines, fit on the prepared train split (the texts after clean, dedup and split, as the model saw them):
-  majority / mean       pairs: the train split's most frequent class; multilabel: every label whose train share is
-                        at least half (usually none); regression: the train mean (Pearson and Spearman are 0)
+  majority / mean       pairs: the train split's most frequent class; multilabel: each label's train share as its
+                        score, thresholds tuned on validation as the task tunes the model's (a label is then always
+                        or never predicted); regression: the train mean (Pearson and Spearman are 0)
   bag of words          scikit-learn TF-IDF of word 1-2-grams (min_df 2) into a linear model: pairs, logistic
                         regression on [first - second, first * second, cosine] (symmetric pairs: |first - second|,
-                        so that the order cannot matter); multilabel, one logistic regression per label at 0.5;
+                        so that the order cannot matter); multilabel, one logistic regression per label, thresholds tuned on validation as the
+                        model's are;
                         regression, ridge (alpha 1)
   model                 evaluate.py's metrics.json of the run's final model on the test split
 
@@ -46,7 +48,7 @@ def _pair_features(vec, texts, symmetric: bool):
     return hstack([abs(a - b) if symmetric else a - b, a.multiply(b), csr_matrix(cosine)]).tocsr()
 
 
-def pairs(train, test, cfg) -> list[tuple[str, dict]]:
+def pairs(train, test, cfg, validation) -> list[tuple[str, dict]]:
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import accuracy_score, f1_score
 
@@ -60,28 +62,34 @@ def pairs(train, test, cfg) -> list[tuple[str, dict]]:
             for name, p in (("majority class", majority), ("bag of words", bow))]
 
 
-def multilabel(train, test, cfg) -> list[tuple[str, dict]]:
+def multilabel(train, test, cfg, validation) -> list[tuple[str, dict]]:
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import accuracy_score, f1_score
 
-    y_train, y_test = np.asarray(train["label"]), np.asarray(test["label"])
-    majority = np.tile((y_train.mean(axis=0) >= 0.5).astype(int), (len(y_test), 1))
+    from pipeline.tasks.multilabel.score import tune
+
+    y_train, y_val, y_test = (np.asarray(d["label"]) for d in (train, validation, test))
+    share = y_train.mean(axis=0)
+    cut = tune(np.tile(share, (len(y_val), 1)), y_val, cfg.label.threshold)
+    majority = (np.tile(share, (len(y_test), 1)) >= cut).astype(int)
     vec = _vectorizer().fit(train["text"])
-    x_train, x_test = vec.transform(train["text"]), vec.transform(test["text"])
-    bow = np.zeros_like(y_test)
+    x_train, x_val, x_test = (vec.transform(d["text"]) for d in (train, validation, test))
+    p_val, p_test = np.zeros(y_val.shape), np.zeros(y_test.shape)
     for k in range(y_train.shape[1]):
         if 0 < y_train[:, k].sum() < len(y_train):
-            bow[:, k] = LogisticRegression(max_iter=2000, C=4.0).fit(x_train, y_train[:, k]).predict(x_test)
+            clf = LogisticRegression(max_iter=2000, C=4.0).fit(x_train, y_train[:, k])
+            p_val[:, k], p_test[:, k] = clf.predict_proba(x_val)[:, 1], clf.predict_proba(x_test)[:, 1]
+    bow = (p_test >= tune(p_val, y_val, cfg.label.threshold)).astype(int)
 
     def scores(p):
         return {"micro_f1": f1_score(y_test, p, average="micro", zero_division=0),
                 "macro_f1": f1_score(y_test, p, average="macro", zero_division=0),
                 "subset_accuracy": accuracy_score(y_test, p)}
 
-    return [("majority labels", scores(majority)), ("bag of words", scores(bow))]
+    return [("label shares", scores(majority)), ("bag of words", scores(bow))]
 
 
-def regression(train, test, cfg) -> list[tuple[str, dict]]:
+def regression(train, test, cfg, validation) -> list[tuple[str, dict]]:
     from scipy.stats import pearsonr, spearmanr
     from sklearn.linear_model import Ridge
 
@@ -103,11 +111,12 @@ BASELINES = {"classification": pairs, "multilabel": multilabel, "regression": re
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True)
+    p.add_argument("overrides", nargs="*", help="section.key=value, as the pipeline's commands take them")
     args = p.parse_args()
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, args.overrides)
     prep = load_prepared(cfg, args.config)
-    train, test = (prep.splits[s].select_columns(["text", "label"])[:] for s in ("train", "test"))
-    rows = BASELINES[cfg.task](train, test, cfg)
+    train, validation, test = (prep.splits[s].select_columns(["text", "label"])[:] for s in ("train", "validation", "test"))
+    rows = BASELINES[cfg.task](train, test, cfg, validation)
     report = cfg.run_dir / "eval" / "test-final" / "metrics.json"
     if report.is_file():
         model = json.loads(report.read_text())["document"]
