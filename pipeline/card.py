@@ -193,8 +193,10 @@ def _data_lines(cfg, data: dict) -> list[str]:
                      f"{t.get('count', 0):,}, mean {t.get('mean', 0):.3g} ± {t.get('std', 0):.3g}, range "
                      f"[{t.get('min', 0):.3g}, {t.get('max', 0):.3g}].")
     elif label:
-        counts = label.get("class_counts", label.get("label_counts", {})).get("train", {})
-        lines.append("- **Classes in train**: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()) + ".")
+        counts = label.get("class_counts", {}).get("train", {})
+        what = "Classes in train" if "rows_without_labels" not in label else \
+            f"Labels in train (documents with each; {label['rows_without_labels'].get('train', 0):,} with none)"
+        lines.append(f"- **{what}**: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()) + ".")
     tok = man.get("tokenize", {})
     if tok:
         st = tok.get("stats", {})
