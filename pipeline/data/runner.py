@@ -54,18 +54,22 @@ def stage_table(cfg: Config) -> list[Stage]:
     ]
 
 
+def _task_strata(cfg: Config) -> Callable | None:
+    """The task's strata (Task.strata) where the split is stratified and the task has them."""
+    fn = tasks.get(cfg.task).strata
+    return fn if fn is not None and cfg.split.stratify else None
+
+
 def strata(cfg: Config) -> Callable | None:
-    """The split stage's ctx.strata: the task's (Task.strata) bound to the config, where the split is stratified."""
-    task = tasks.get(cfg.task)
-    return functools.partial(task.strata, cfg) if task.strata is not None and cfg.split.stratify else None
+    """The split stage's ctx.strata: the task's strata bound to the config."""
+    fn = _task_strata(cfg)
+    return functools.partial(fn, cfg) if fn is not None else None
 
 
 def _strata_uses(cfg: Config) -> tuple:
     """What a task's strata make the split depend on: the task, its label section and the strata's code."""
-    task = tasks.get(cfg.task)
-    if task.strata is None or not cfg.split.stratify:
-        return ()
-    return cfg.task, cfg.label, code_fingerprint(task.strata)
+    fn = _task_strata(cfg)
+    return (cfg.task, cfg.label, code_fingerprint(fn)) if fn is not None else ()
 
 
 def _evaluation_files(cfg: Config) -> tuple:

@@ -1,6 +1,7 @@
 """Fixtures of the training tests (helpers live in trainkit.py, importable by name)."""
 
 import pytest
+from accelkit import reset
 from trainkit import build_prepared
 
 
@@ -12,11 +13,7 @@ def prepared(tmp_path):
 
 @pytest.fixture
 def fresh_accelerate():
-    """accelerate keeps process-wide singletons; reset them so in-process runs do not leak settings."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    """accelerate's process-wide singletons reset before and after a test (accelkit.reset)."""
+    reset()
     yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset()

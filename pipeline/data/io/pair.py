@@ -74,12 +74,7 @@ def canonical(first: str, second: str) -> tuple[str, str]:
 
 
 def decode_all(texts: list[str]) -> tuple[list[str], list[str]]:
-    """Many rows' texts -> (first texts, second texts): the tokenize stage's and inference's input."""
+    """Many rows' texts -> (first texts, second texts): the tokenize stage's and the side check's input."""
     sides = [decode(t) for t in texts]
     return [a for a, _ in sides], [b for _, b in sides]
 
-
-def plain(text: str) -> str:
-    """The two texts on two lines: what a person reads (reports)."""
-    first, second = decode(text)
-    return f"{first}\n{second}" if second else first

@@ -20,30 +20,52 @@ class Documents:
     num_chunks: np.ndarray  # (documents,) chunks averaged per document
 
 
+@dataclass
+class Groups:
+    """A split's rows grouped by document id, the documents in order of first appearance. Every task that scores
+    chunked documents groups with it (classification's logits, multilabel's, regression's predictions)."""
+
+    ids: list[str]
+    first: np.ndarray  # (documents,) each document's first row
+    of_row: np.ndarray  # (rows,) each row's document
+    counts: np.ndarray  # (documents,) rows per document
+
+    def mean(self, values: np.ndarray) -> np.ndarray:
+        """(documents, ...) float32: the mean of each document's rows of `values` (summed in float64)."""
+        values = np.asarray(values)
+        sums = np.zeros((len(self.ids), *values.shape[1:]), dtype=np.float64)
+        np.add.at(sums, self.of_row, values)
+        return (sums / self.counts.reshape(-1, *[1] * (values.ndim - 1))).astype(np.float32)
+
+    def disagreeing(self, labels: np.ndarray) -> int | None:
+        """The first row whose label (a row of `labels`) is not its document's first row's, or None."""
+        differ = labels != labels[self.first][self.of_row]
+        differ = differ.reshape(len(differ), -1).any(axis=1)
+        return int(np.argmax(differ)) if differ.any() else None
+
+
+def group(ids: list[str]) -> Groups:
+    ids_arr = np.asarray(ids, dtype=object)
+    uniq, first, inverse = np.unique(ids_arr, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # np.unique sorts ids; restore first-seen order
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    of_row = rank[inverse.reshape(-1)]
+    return Groups(ids=[str(x) for x in uniq[order]], first=first[order], of_row=of_row,
+                  counts=np.bincount(of_row, minlength=len(order)))
+
+
 def aggregate_documents(ids: list[str], logits: np.ndarray, labels: np.ndarray) -> Documents:
     """Group rows by document id and average their logits; every chunk must carry its document's label."""
-    ids_arr = np.asarray(ids, dtype=object)
     labels = np.asarray(labels, dtype=np.int64)
-    uniq, first, inverse = np.unique(ids_arr, return_index=True, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    sums = np.zeros((len(uniq), logits.shape[1]), dtype=np.float64)
-    np.add.at(sums, inverse, logits)
-    counts = np.bincount(inverse, minlength=len(uniq))
-    doc_labels = labels[first]
-    disagree = np.flatnonzero(labels != doc_labels[inverse])
-    if len(disagree):
-        row = int(disagree[0])
+    docs = group(ids)
+    row = docs.disagreeing(labels)
+    if row is not None:
         raise ValueError(
-            f"document '{ids_arr[row]}' has chunks with different labels ({labels[row]} and "
-            f"{doc_labels[inverse[row]]}); chunks of one document must share its label"
+            f"document '{ids[row]}' has chunks with different labels ({labels[row]} and "
+            f"{labels[docs.first[docs.of_row[row]]]}); chunks of one document must share its label"
         )
-    order = np.argsort(first, kind="stable")  # np.unique sorts ids; restore first-seen order
-    return Documents(
-        ids=[str(x) for x in uniq[order]],
-        logits=(sums / counts[:, None]).astype(np.float32)[order],
-        labels=doc_labels[order],
-        num_chunks=counts[order],
-    )
+    return Documents(ids=docs.ids, logits=docs.mean(logits), labels=labels[docs.first], num_chunks=docs.counts)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -99,16 +99,25 @@ def _export_note(export: dict | None) -> str:
     return " (cached export reused)" if export.get("reused") else " (exported)"
 
 
-def format_table(metrics: dict) -> str:
-    """The readable summary printed at the end: headline metrics, per class, confusion matrix."""
-    chunk, doc, names = metrics["chunk"], metrics["document"], metrics["label_names"]
-    lines = [
+def header_lines(metrics: dict) -> list[str]:
+    """The first lines of every classifier's summary (single-label, multilabel, regression): the split and checkpoint,
+    examples and speed, precision, attention and runtime, and which test set was scored."""
+    chunk, doc = metrics["chunk"], metrics["document"]
+    return [
         f"split '{metrics['split']}', checkpoint '{metrics['checkpoint']}' ({metrics['checkpoint_path']})",
         f"{chunk['examples']} examples (chunks) in {doc['examples']} documents, "
         f"{metrics['examples_per_second']:.1f} examples/s on {metrics['processes']} process(es), "
         f"precision {metrics.get('precision', 'fp32')}, attention {metrics.get('attention', '?')}, "
         f"runtime {metrics.get('runtime', 'torch')}" + _export_note(metrics.get("onnx_export")),
         *([f"test set: {metrics['test_set']}"] if metrics.get("test_set") else []),
+    ]
+
+
+def format_table(metrics: dict) -> str:
+    """The readable summary printed at the end: headline metrics, per class, confusion matrix."""
+    chunk, doc, names = metrics["chunk"], metrics["document"], metrics["label_names"]
+    lines = [
+        *header_lines(metrics),
         "",
         f"{'metric':<10} {'chunks':>8} {'documents':>10}",
     ]

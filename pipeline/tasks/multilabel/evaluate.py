@@ -17,18 +17,14 @@ from pipeline.tasks.multilabel import report, score
 def documents(ids: list[str], logits: np.ndarray, targets: np.ndarray, label_names: list[str]) -> aggregate.Documents:
     """classification's documents (the mean of each document's chunk logits, first-seen order) with (documents, k)
     multi-hot labels; every chunk must carry its document's labels."""
-    ids_arr = np.asarray(ids, dtype=object)
-    _, first, inverse = np.unique(ids_arr, return_index=True, return_inverse=True)
-    differ = np.flatnonzero((targets != targets[first][inverse.reshape(-1)]).any(axis=1))
-    if len(differ):
-        row = int(differ[0])
-        one, other = (report.names(targets[r], label_names) for r in (row, first[inverse[row]]))
-        raise ValueError(f"document '{ids_arr[row]}' has chunks with different labels ({one} and {other}); chunks of "
+    docs = aggregate.group(ids)
+    row = docs.disagreeing(targets)
+    if row is not None:
+        one, other = (report.names(targets[r], label_names) for r in (row, docs.first[docs.of_row[row]]))
+        raise ValueError(f"document '{ids[row]}' has chunks with different labels ({one} and {other}); chunks of "
                          f"one document must share its labels")
-    sets, codes = np.unique(targets, axis=0, return_inverse=True)  # each distinct label set; each row's, by index
-    docs = aggregate.aggregate_documents(ids, logits, codes.reshape(-1))
-    docs.labels = sets[docs.labels].reshape(len(docs.ids), targets.shape[1])
-    return docs
+    return aggregate.Documents(ids=docs.ids, logits=docs.mean(logits), labels=targets[docs.first],
+                               num_chunks=docs.counts)
 
 
 def _documents(dataset: Any, logits: np.ndarray, label_names: list[str]) -> aggregate.Documents:

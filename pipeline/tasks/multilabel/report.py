@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from pipeline.tasks.classification.report import _export_note
+from pipeline.tasks.classification.report import header_lines
 
 LEVELS = ("chunk", "document")
 HEADLINE = (("micro_f1", "micro F1"), ("macro_f1", "macro F1"), ("subset_accuracy", "subset accuracy"),
@@ -65,12 +65,7 @@ def format_table(metrics: dict) -> str:
     """The readable summary printed at the end: headline metrics, then per label at the document level."""
     chunk, doc, label_names = metrics["chunk"], metrics["document"], metrics["label_names"]
     lines = [
-        f"split '{metrics['split']}', checkpoint '{metrics['checkpoint']}' ({metrics['checkpoint_path']})",
-        f"{chunk['examples']} examples (chunks) in {doc['examples']} documents, "
-        f"{metrics['examples_per_second']:.1f} examples/s on {metrics['processes']} process(es), "
-        f"precision {metrics.get('precision', 'fp32')}, attention {metrics.get('attention', '?')}, "
-        f"runtime {metrics.get('runtime', 'torch')}" + _export_note(metrics.get("onnx_export")),
-        *([f"test set: {metrics['test_set']}"] if metrics.get("test_set") else []),
+        *header_lines(metrics),
         "",
         f"{'metric':<16} {'chunks':>8} {'documents':>10}",
     ]

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.data.engines.ops import TEXT
+from pipeline.tasks.classification import aggregate
 from pipeline.tasks.classification.report import snippet, write_jsonl
 from pipeline.tasks.regression import report, score
 
@@ -24,22 +25,16 @@ class Documents:
 
 
 def aggregate_documents(ids: list[str], predictions: np.ndarray, targets: np.ndarray) -> Documents:
-    """Group rows by document id and average their predictions; every chunk must carry its document's target."""
-    ids_arr = np.asarray(ids, dtype=object)
+    """Group rows by document id (classification's grouping) and average their predictions; every chunk must carry
+    its document's target."""
     targets = np.asarray(targets, dtype=np.float32)
-    uniq, first, inverse = np.unique(ids_arr, return_index=True, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    sums = np.bincount(inverse, weights=np.asarray(predictions, dtype=np.float64), minlength=len(uniq))
-    counts = np.bincount(inverse, minlength=len(uniq))
-    doc_targets = targets[first]
-    disagree = np.flatnonzero(targets != doc_targets[inverse])
-    if len(disagree):
-        row = int(disagree[0])
-        raise ValueError(f"document '{ids_arr[row]}' has chunks with different targets ({targets[row]:g} and "
-                         f"{doc_targets[inverse[row]]:g}); chunks of one document must share its target")
-    order = np.argsort(first, kind="stable")  # np.unique sorts ids; restore first-seen order
-    return Documents(ids=[str(x) for x in uniq[order]], predictions=(sums / np.maximum(counts, 1)).astype(np.float32)[order],
-                     targets=doc_targets[order], num_chunks=counts[order])
+    docs = aggregate.group(ids)
+    row = docs.disagreeing(targets)
+    if row is not None:
+        raise ValueError(f"document '{ids[row]}' has chunks with different targets ({targets[row]:g} and "
+                         f"{targets[docs.first[docs.of_row[row]]]:g}); chunks of one document must share its target")
+    return Documents(ids=docs.ids, predictions=docs.mean(predictions), targets=targets[docs.first],
+                     num_chunks=docs.counts)
 
 
 def _documents(dataset: Any, outputs: np.ndarray) -> Documents:

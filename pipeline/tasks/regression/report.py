@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.tasks.classification.report import _export_note
+from pipeline.tasks.classification.report import header_lines
 
 LEVEL_METRICS = (("pearson", "Pearson"), ("spearman", "Spearman"), ("mse", "MSE"), ("rmse", "RMSE"), ("mae", "MAE"))
 
@@ -70,12 +70,7 @@ def format_table(metrics: dict) -> str:
     chunk, doc, base = metrics["chunk"], metrics["document"], metrics["baseline"]
     low, high = metrics["scale"]
     lines = [
-        f"split '{metrics['split']}', checkpoint '{metrics['checkpoint']}' ({metrics['checkpoint_path']})",
-        f"{chunk['examples']} examples (chunks) in {doc['examples']} documents, "
-        f"{metrics['examples_per_second']:.1f} examples/s on {metrics['processes']} process(es), "
-        f"precision {metrics.get('precision', 'fp32')}, attention {metrics.get('attention', '?')}, "
-        f"runtime {metrics.get('runtime', 'torch')}" + _export_note(metrics.get("onnx_export")),
-        *([f"test set: {metrics['test_set']}"] if metrics.get("test_set") else []),
+        *header_lines(metrics),
         f"target '{metrics['target']}', scale [{low:g}, {high:g}]",
         "",
         f"{'metric':<10} {'chunks':>8} {'documents':>10}",

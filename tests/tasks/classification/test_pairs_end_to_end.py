@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from accelkit import reset
 from safetensors.torch import load_file
 
 from pipeline.config import load_config
@@ -56,13 +57,6 @@ def pairs_config(tmp_path_factory) -> Path:
     return config
 
 
-def _reset():
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 def _manifest(data: Path, stage: str) -> dict:
     return json.loads(next((data / "stages").glob(f"*-{stage}-*/manifest.json")).read_text())
 
@@ -89,20 +83,20 @@ def test_a_pair_run_resumes_exactly_evaluates_on_both_runtimes_and_exports_to_pi
     out = tmp_path / "run"
     shutil.copytree(Path(load_config(pairs_config).output_dir) / "data", out / "data", symlinks=True)
     cfg = load_config(pairs_config, [f"output_dir={out}"])
-    _reset()
+    reset()
     assert train(cfg, str(pairs_config)) == signals.EXIT_OK
     straight = load_file(str(out / "run" / "final" / "model.safetensors"))
     shutil.rmtree(out / "run" / "checkpoints" / "step-0000006")
     shutil.rmtree(out / "run" / "final")
-    _reset()
+    reset()
     assert train(cfg, str(pairs_config), resume="auto") == signals.EXIT_OK
     resumed = load_file(str(out / "run" / "final" / "model.safetensors"))
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
 
-    _reset()
+    reset()
     metrics = evaluate_checkpoint(load_config(pairs_config, [f"output_dir={out}"]), str(pairs_config), progress=False)
     rows = [json.loads(x) for x in (Path(metrics["output_dir"]) / "predictions.jsonl").read_text().splitlines()]
-    _reset()
+    reset()
     ort = evaluate_checkpoint(load_config(pairs_config, [f"output_dir={out}", "eval.runtime=onnxruntime"]),
                               str(pairs_config), progress=False)
     assert ort["document"]["accuracy"] == metrics["document"]["accuracy"]

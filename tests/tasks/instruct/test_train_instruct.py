@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from accelkit import reset
 from safetensors.torch import load_file
 
 from pipeline.config import load_config
@@ -52,13 +53,6 @@ def chat_config(tmp_path_factory) -> Path:
     return config
 
 
-def _reset():
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 def test_an_instruct_run_resumes_exactly_evaluates_and_exports_a_chat_model(chat_config, tmp_path):
     from transformers import pipeline
 
@@ -67,7 +61,7 @@ def test_an_instruct_run_resumes_exactly_evaluates_and_exports_a_chat_model(chat
     out = tmp_path / "run"
     shutil.copytree(Path(load_config(chat_config).output_dir) / "data", out / "data", symlinks=True)
     cfg = load_config(chat_config, [f"output_dir={out}"])
-    _reset()
+    reset()
     assert train(cfg, str(chat_config)) == signals.EXIT_OK
     straight = load_file(str(out / "run" / "final" / "model.safetensors"))
     samples = sorted(p.name for p in (out / "run" / "samples").iterdir())
@@ -76,7 +70,7 @@ def test_an_instruct_run_resumes_exactly_evaluates_and_exports_a_chat_model(chat
     assert answer["prompt"] == "q w1" and not answer["text"].startswith("q w1")  # the answer alone
     shutil.rmtree(out / "run" / "checkpoints" / "step-0000006")
     shutil.rmtree(out / "run" / "final")
-    _reset()
+    reset()
     assert train(cfg, str(chat_config), resume="auto") == signals.EXIT_OK
     resumed = load_file(str(out / "run" / "final" / "model.safetensors"))
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from accelkit import reset
 from safetensors.torch import load_file
 
 from pipeline.config import load_config
@@ -55,13 +56,6 @@ def tags_config(tmp_path_factory) -> Path:
     return config
 
 
-def _reset():
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 def test_prepared_labels_are_multi_hot_over_the_sorted_tags(tags_config):
     out = Path(load_config(tags_config).output_dir)
     info = json.loads((out / "data" / "prepared.json").read_text())["data_info"]
@@ -82,13 +76,13 @@ def test_a_multilabel_run_resumes_exactly_tunes_its_thresholds_evaluates_and_exp
     out = tmp_path / "run"
     shutil.copytree(Path(load_config(tags_config).output_dir) / "data", out / "data", symlinks=True)
     cfg = load_config(tags_config, [f"output_dir={out}"])
-    _reset()
+    reset()
     assert train(cfg, str(tags_config)) == signals.EXIT_OK
     straight = load_file(str(out / "run" / "final" / "model.safetensors"))
     tuned = json.loads((out / "run" / "final" / "config.json").read_text())["label_thresholds"]
     shutil.rmtree(out / "run" / "checkpoints" / "step-0000006")
     shutil.rmtree(out / "run" / "final")
-    _reset()
+    reset()
     assert train(cfg, str(tags_config), resume="auto") == signals.EXIT_OK
     resumed = load_file(str(out / "run" / "final" / "model.safetensors"))
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
@@ -118,7 +112,7 @@ def test_a_multilabel_run_resumes_exactly_tunes_its_thresholds_evaluates_and_exp
         assert max(abs(row["probabilities"][d["label"]] - d["score"]) for d in got) < 1e-5, row["id"]
 
     for runtime in ("eval.runtime=onnxruntime", "eval.precision=int8"):  # the same thresholds, the same report
-        _reset()
+        reset()
         other = evaluate_checkpoint(load_config(tags_config, [f"output_dir={out}", "eval.split=test", runtime]),
                                     str(tags_config), progress=False)
         assert other["thresholds"] == conf["label_thresholds"]

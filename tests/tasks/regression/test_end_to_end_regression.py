@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from accelkit import reset
 from safetensors.torch import load_file
 
 from pipeline.config import load_config
@@ -53,13 +54,6 @@ def regression_config(tmp_path_factory) -> Path:
     return config
 
 
-def _reset():
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 def test_prepare_gives_float_targets_and_a_split_stratified_by_target(regression_config):
     from datasets import Value, load_from_disk
 
@@ -82,17 +76,17 @@ def test_a_regression_run_resumes_exactly_evaluates_and_exports(regression_confi
     out = tmp_path / "run"
     shutil.copytree(Path(load_config(regression_config).output_dir) / "data", out / "data", symlinks=True)
     cfg = load_config(regression_config, [f"output_dir={out}"])
-    _reset()
+    reset()
     assert train(cfg, str(regression_config)) == signals.EXIT_OK
     straight = load_file(str(out / "run" / "final" / "model.safetensors"))
     shutil.rmtree(out / "run" / "checkpoints" / "step-0000006")
     shutil.rmtree(out / "run" / "final")
-    _reset()
+    reset()
     assert train(cfg, str(regression_config), resume="auto") == signals.EXIT_OK
     resumed = load_file(str(out / "run" / "final" / "model.safetensors"))
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
 
-    _reset()
+    reset()
     metrics = evaluate_checkpoint(load_config(regression_config, [f"output_dir={out}"]), str(regression_config),
                                   progress=False)
     assert metrics["target"] == "score" and metrics["chunk"]["examples"] == metrics["document"]["examples"]
@@ -114,7 +108,7 @@ def test_a_regression_run_resumes_exactly_evaluates_and_exports(regression_confi
         assert got["label"] == "score" and abs(got["score"] - row["prediction"]) < 1e-5, row["id"]
 
     for runtime in ("eval.runtime=onnxruntime", "eval.precision=int8"):
-        _reset()
+        reset()
         other = evaluate_checkpoint(load_config(regression_config, [f"output_dir={out}", runtime]),
                                     str(regression_config), progress=False)
         assert abs(other["document"]["mse"] - metrics["document"]["mse"]) <= 0.05 * metrics["document"]["mse"], runtime
