@@ -82,5 +82,6 @@ def test_validation_during_training_scores_int8_as_evaluate_does(world):
     logits = predict.predict_logits(model, ds, batch_size=4, accelerator=acc, precision="int8", progress=False)
     want = logit_metrics(logits, ds["label"][:], world.label_names)
     assert got["loss"] == pytest.approx(want["loss"]) and got["accuracy"] == want["accuracy"]
-    fp32 = evaluate(acc, model, ds, 4, CLASSIFICATION, {"label_names": world.label_names})
-    assert fp32["loss"] != pytest.approx(got["loss"], abs=1e-7)  # the precision was applied, not ignored
+    # the precision was applied, not ignored: the logits move (this untrained model's loss, near ln 3, may not)
+    fp32 = predict.predict_logits(model, ds, batch_size=4, accelerator=acc, progress=False)
+    assert np.abs(fp32 - logits).max() > 1e-5, np.abs(fp32 - logits).max()
