@@ -38,7 +38,9 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def pipeline_cmd(script: str, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, str(REPO / "pipeline" / script), "--config", str(CONFIG), f"output_dir={out}", *extra]
+    """fp32 throughout, as Trainer runs here (`auto` would pick bf16 on a CPU with native bf16)."""
+    fp32 = {"train.py": ["train.mixed_precision=no"], "evaluate.py": ["eval.precision=fp32"]}.get(script, [])
+    return [sys.executable, str(REPO / "pipeline" / script), "--config", str(CONFIG), f"output_dir={out}", *fp32, *extra]
 
 
 def run_ours(out: Path, steps: int, warmup: int) -> dict:

@@ -118,7 +118,8 @@ def run_ours(config: Path, steps: int, warmup: int, batch: int, extra: list[str]
     from pipeline.training.loop import train
 
     over = [f"train.max_steps={steps + warmup}", f"train.batch_size={batch}", "train.log_every=1",
-            "train.eval_every=0", "train.save_every=0", "train.save_at_epoch_end=false", *extra]
+            "train.eval_every=0", "train.save_every=0", "train.save_at_epoch_end=false",
+            "train.mixed_precision=no", *extra]  # fp32 unless the variant says bf16, as Trainer's variants
     cfg = load_config(config, over)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)  # each variant starts a fresh run
     train(cfg, str(config))

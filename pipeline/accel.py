@@ -8,6 +8,11 @@ from typing import Any
 
 # /proc/cpuinfo flags of CPUs that compute bf16 natively: x86 AVX512-BF16 and AMX, Arm's BF16 extension
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+# "1"/"0": take the CPU as one with/without native bf16 whatever its flags say (the test suite pins "0", so that
+# `auto` precision decides alike on every CI machine; its subprocesses inherit it)
+NATIVE_BF16_VAR = "PIPELINE_NATIVE_BF16"
+# train.mixed_precision and eval.precision: bf16 where the device computes it natively (native_bf16), fp32 elsewhere
+AUTO = "auto"
 
 
 CPUINFO = Path("/proc/cpuinfo")
@@ -33,8 +38,46 @@ def cpu_flags() -> set[str]:
 
 
 def cpu_has_native_bf16() -> bool:
-    """True where the CPU computes bf16 natively; elsewhere torch emulates bf16 (15-20x slower than fp32)."""
+    """True where the CPU computes bf16 natively; elsewhere torch emulates bf16 (15-20x slower than fp32).
+    $PIPELINE_NATIVE_BF16 (1 or 0), where set, answers instead of the flags."""
+    forced = os.environ.get(NATIVE_BF16_VAR, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    if forced:
+        raise ValueError(f"${NATIVE_BF16_VAR}={forced!r}: set it to 1 or 0, or unset it to read the CPU's flags")
     return bool(NATIVE_BF16_FLAGS & cpu_flags())
+
+
+def native_bf16(device_type: str) -> bool:
+    """Whether `device_type` ("cpu", "cuda", ...) computes bf16 natively: the CPU's flags, a CUDA GPU's
+    capability (Ampere and later); False for any other device."""
+    if device_type == "cpu":
+        return cpu_has_native_bf16()
+    if device_type == "cuda":
+        import torch
+
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    return False
+
+
+def device_type() -> str:
+    """The device an Accelerator built now trains on: "cuda" where a CUDA GPU is visible and accelerate's use_cpu
+    ($ACCELERATE_USE_CPU, set by `accelerate launch` from its config) is off, else "cpu"."""
+    import torch
+    from accelerate.utils import parse_flag_from_env
+
+    return "cuda" if torch.cuda.is_available() and not parse_flag_from_env("ACCELERATE_USE_CPU") else "cpu"
+
+
+def why_precision(device_type: str) -> str:
+    """Why `auto` chose what it did on `device_type`, for the line a run prints and records."""
+    if device_type == "cpu":
+        forced = os.environ.get(NATIVE_BF16_VAR, "").strip()
+        if forced in ("0", "1"):
+            return f"${NATIVE_BF16_VAR}={forced}"
+        native = sorted(NATIVE_BF16_FLAGS & cpu_flags())
+        return f"CPU flags {' '.join(native)}" if native else "this CPU has no native bf16 (no avx512_bf16/amx_bf16)"
+    return f"{device_type} {'computes' if native_bf16(device_type) else 'has no native'} bf16"
 
 
 def describe_cpu() -> str:

@@ -181,14 +181,31 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"override '{text}' must look like section.key=value")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = _load_scalar(raw) if raw != "" else ""
     except yaml.YAMLError:
         value = raw
     return key.strip(), value
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+class _Yaml12Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2's booleans, true and false only: PyYAML's 1.1 rules read no/yes/on/off as
+    booleans too, and `train.mixed_precision=no` (a value accelerate's own configs use) failed as "got bool"."""
+
+
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                    list("tTfF"))
+
+
+def _load_scalar(raw: str) -> Any:
+    return yaml.load(raw, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader
+
+
+class _UniqueKeyLoader(_Yaml12Loader):
+    """The config's loader: refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set = set()
@@ -278,7 +295,7 @@ def validate(cfg: Config) -> None:
     if t.head_tokens >= t.max_length:
         raise ConfigError(f"tokenize.head_tokens={t.head_tokens} leaves no room for the tail within "
                           f"tokenize.max_length={t.max_length}; keep it below max_length less the special tokens")
-    if cfg.eval.bf16 and cfg.eval.precision not in ("fp32", "bf16"):
+    if cfg.eval.bf16 and cfg.eval.precision not in ("auto", "fp32", "bf16"):
         raise ConfigError(f"eval.bf16=true (deprecated spelling of eval.precision=bf16) conflicts with "
                           f"eval.precision={cfg.eval.precision}; drop eval.bf16")
     _validate_runtime(cfg.eval)

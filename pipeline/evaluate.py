@@ -5,8 +5,9 @@
     ACCELERATE_USE_CPU=true accelerate launch --config_file configs/accelerate/cpu_multiprocess.yaml pipeline/evaluate.py
 
 Writes <output_dir>/run/eval/<split>-<checkpoint>/ and prints a summary table. Inference runs in
-eval.precision (--precision fp32|bf16|int8; default fp32); accelerate's mixed_precision setting does
-not change it. int8 (dynamic quantization, CPU) is ~2x fp32 here: see bench/RESULTS.md. eval.runtime
+eval.precision (--precision auto|fp32|bf16|int8; default auto: bf16 where the device computes bf16
+natively, fp32 elsewhere; metrics.json records what ran and why); accelerate's mixed_precision setting
+does not change it. int8 (dynamic quantization, CPU) is ~2x fp32 here: see bench/RESULTS.md. eval.runtime
 (--runtime torch|onnxruntime) picks the engine: onnxruntime runs a fused ONNX export (CPU), cached beside
 the checkpoint.
 """
@@ -30,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", help="prepared split to evaluate (eval.split)")
     parser.add_argument("--checkpoint", help="final, best, last, a checkpoint name, or a directory (eval.checkpoint)")
     parser.add_argument("--batch-size", type=int, help="examples per forward pass (eval.batch_size)")
-    parser.add_argument("--precision", choices=backends.PRECISIONS, help="inference precision (eval.precision)")
+    parser.add_argument("--precision", choices=("auto", *backends.PRECISIONS),
+                        help="inference precision (eval.precision)")
     parser.add_argument("--runtime", choices=backends.RUNTIMES, help="inference runtime (eval.runtime)")
     parser.add_argument("--bf16", action="store_true", default=None,
                         help="deprecated: --precision bf16 (slow on CPUs without native bf16)")

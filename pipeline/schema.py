@@ -211,7 +211,10 @@ class TrainConfig:
     warmup_ratio: float = opt(0.06, "fraction of steps with linear warmup", bounds="[0, 1)")
     min_lr_ratio: float = opt(0.1, "cosine decay ends at this fraction of the peak learning rate", bounds="[0, 1]")
     max_grad_norm: float = opt(1.0, "gradient clipping norm (0 = off)", bounds="[0, inf)")
-    mixed_precision: str = opt("", "no, bf16 or fp16; empty = accelerate's setting", ("", "no", "bf16", "fp16"))
+    mixed_precision: str = opt("auto", "auto: bf16 autocast where the device computes bf16 natively (a CPU with "
+                               "avx512_bf16/amx_bf16, a CUDA GPU of capability 8+), else fp32; accelerate's bf16/fp16 "
+                               "wins; a resume keeps the first launch's choice. no (fp32), bf16 or fp16; empty = "
+                               "accelerate's setting", ("auto", "", "no", "bf16", "fp16"))
     allow_slow_bf16: bool = opt(False, "run bf16 on a CPU without native bf16 support (very slow)")
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
     group_by_length: bool = opt(True, "batch texts of similar length together (less padding)")
@@ -246,9 +249,11 @@ class EvalConfig:
     split: str = opt("test", "prepared split to evaluate")
     checkpoint: str = opt("final", "final, best, or a checkpoint directory")
     batch_size: int = opt(64, "examples per forward pass (of validation during training too)", bounds="[1, inf)")
-    precision: str = opt("fp32", "inference precision of evaluate.py and of validation during training: fp32, bf16 "
-                         "autocast (fast only where the CPU/GPU has native bf16), or int8 dynamic quantization of the "
-                         "encoder's Linear layers (CPU; ~2x fp32 there, see bench/RESULTS.md)", ("fp32", "bf16", "int8"))
+    precision: str = opt("auto", "inference precision of evaluate.py and of validation during training: auto (bf16 "
+                         "where the device computes it natively, else fp32; validation follows the training's "
+                         "precision), fp32, bf16 autocast (fast only where the CPU/GPU has native bf16), or int8 "
+                         "dynamic quantization of the encoder's Linear layers (CPU; ~2x fp32 there, see "
+                         "bench/RESULTS.md)", ("auto", "fp32", "bf16", "int8"))
     runtime: str = opt("torch", "what runs inference (evaluate.py and validation): torch, or onnxruntime (CPU: an ONNX "
                        "export of the model, fused, at eval.precision fp32 or int8, cached beside the checkpoint; "
                        "needs the onnx extra; BERT-type models; see bench/RESULTS.md)", ("torch", "onnxruntime"))

@@ -156,6 +156,20 @@ for v in lora-bf16 qlora; do
   done
 done
 
+# train.mixed_precision=auto (the default) on the GPU: bf16 on capability 8+, recorded with its reason
+mkdir -p "$OUT/auto" && ln -sfn "$(realpath "$OUT/base/data")" "$OUT/auto/data"
+python pipeline/train.py --config configs/default.yaml output_dir="$OUT/auto" train.max_steps=5 > "$OUT/auto/train.log" 2>&1
+python - "$OUT/auto/run/run_info.json" <<'EOF' | tee -a "$OUT/gpu_check.md"
+import json, sys
+
+import torch
+
+launch = json.load(open(sys.argv[1]))["launches"][0]
+want = "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "no"
+print(f"auto: trained {launch['mixed_precision']} ({launch['mixed_precision_chosen_by']}), validated "
+      f"{launch['eval_precision']}; expected {want}: {'ok' if launch['mixed_precision'] == want else 'WRONG'}")
+EOF
+
 python - "$OUT/base" <<'EOF' | tee -a "$OUT/gpu_check.md"
 # what pinned memory + non_blocking copies buy: train-split batches (as the loop makes them) to the GPU
 import sys, time

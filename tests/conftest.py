@@ -1,5 +1,6 @@
 """Fixtures for every test."""
 
+import os
 import shutil
 import sys
 import time
@@ -11,6 +12,12 @@ import pytest
 from smollm2 import GGUF_NAME, SPEC
 from testprocs import TOKEN_VAR, reap
 
+from pipeline.accel import NATIVE_BF16_VAR
+
+# The suite runs as on a CPU without native bf16, whatever this one has: `auto` precision then trains and
+# validates in fp32 here as on every CI machine, so exact values and tolerances hold on both kinds. Subprocesses
+# inherit it; the tests of `auto` itself set the detector in-process (tests/training/test_auto_precision.py).
+os.environ[NATIVE_BF16_VAR] = "0"
 
 @pytest.fixture(autouse=True)
 def _end_started_processes(monkeypatch):

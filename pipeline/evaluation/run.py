@@ -108,7 +108,8 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
     tok = _check_vocabulary(model, ckpt, cfg, prepared, dataset)
     accelerator = make_accelerator()  # one gloo group when launched as several CPU processes
     start = time.perf_counter()
-    precision, runtime = backends.precision_of(cfg.eval), cfg.eval.runtime
+    precision, why = backends.resolve(cfg.eval, accelerator.device.type)
+    runtime = cfg.eval.runtime
     onnx_dir = _onnx_cache(ckpt, model, precision, runtime)
     reused = onnx_dir is not None and artifacts.check_files(onnx_dir) is None  # predict re-exports one that is not
     logits = predict.predict_logits(model, dataset, cfg.eval.batch_size, accelerator, precision, progress,
@@ -127,7 +128,8 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
         "split": cfg.eval.split, "checkpoint": cfg.eval.checkpoint, "checkpoint_path": str(ckpt),
         "step": model_io.checkpoint_step(ckpt), **scored,
         "seconds": round(seconds, 3), "examples_per_second": len(dataset) / max(seconds, 1e-9),
-        "processes": accelerator.num_processes, "precision": precision, "bf16": precision == "bf16", "runtime": runtime,
+        "processes": accelerator.num_processes, "precision": precision, "precision_chosen_by": why, "bf16": precision == "bf16",
+        "runtime": runtime,
         "onnx_export": None if runtime == "torch" else {"dir": str(onnx_dir) if onnx_dir else None, "reused": reused},
         "attention": backends.attention_of(model) if runtime == "torch" else "fused (onnxruntime Attention)",
         "batch_size": cfg.eval.batch_size,

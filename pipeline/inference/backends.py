@@ -32,7 +32,7 @@ import sys
 import warnings
 from typing import Any
 
-PRECISIONS = ("fp32", "bf16", "int8")
+PRECISIONS = ("fp32", "bf16", "int8")  # what runs; eval.precision may also be auto (resolve)
 RUNTIMES = ("torch", "onnxruntime")
 ORT_PRECISIONS = ("fp32", "int8")
 _warned_deprecated = False
@@ -48,6 +48,25 @@ def precision_of(eval_cfg: Any) -> str:
         print("note: eval.bf16 is deprecated; it means eval.precision=bf16 (write that instead)", file=sys.stderr)
         _warned_deprecated = True
     return "bf16"
+
+
+def resolve(eval_cfg: Any, device_type: str, trained: str | None = None) -> tuple[str, str]:
+    """The precision eval.precision runs in on `device_type`, and why (for the log and metrics.json).
+
+    auto: bf16 where the device computes bf16 natively (accel.native_bf16), fp32 elsewhere, and fp32 on ONNX
+    Runtime (no bf16 there). Validation during training (`trained`: the run's mixed precision) follows the
+    run instead, bf16 in a bf16 run and fp32 otherwise, so that a resume, which keeps the run's precision,
+    keeps the validation that ranks its checkpoints too."""
+    from pipeline import accel
+
+    precision = precision_of(eval_cfg)
+    if precision != accel.AUTO:
+        return precision, "eval.precision"
+    if eval_cfg.runtime == "onnxruntime":
+        return "fp32", "auto: ONNX Runtime runs fp32 or int8"
+    if trained is not None:
+        return ("bf16" if trained == "bf16" else "fp32"), f"auto: as the run trains ({trained})"
+    return ("bf16" if accel.native_bf16(device_type) else "fp32"), f"auto: {accel.why_precision(device_type)}"
 
 
 def attention_of(model: Any) -> str:

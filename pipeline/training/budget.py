@@ -176,13 +176,13 @@ def _validation_seconds(s: Any) -> float:
     """One validation: `evaluate` on every k-th row by length, scaled up; its fixed cost counted once."""
     import numpy as np
 
-    from pipeline.inference.backends import for_inference, precision_of
+    from pipeline.inference.backends import for_inference
     from pipeline.training.evaluation import evaluate
 
     n, size = len(s.val_ds), s.cfg.eval.batch_size * SAMPLE_BATCHES * s.acc.num_processes
     order = np.argsort(np.asarray(s.val_ds["length"][:]), kind="stable")
     rows = order[np.linspace(0, n - 1, min(n, size)).round().astype(int)]
-    precision = precision_of(s.cfg.eval)
+    precision = s.eval_precision[0]
     # warm-up, untimed: the metric modules load once per process, not once per validation
     evaluate(s.acc, s.model, s.val_ds.select(rows[:1]), 1, s.task, s.data_info, precision)
     runtime, scratch, model = s.cfg.eval.runtime, s.cfg.run_dir, s.acc.unwrap_model(s.model)

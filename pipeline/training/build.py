@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -96,15 +97,38 @@ def build_optimizer(model, t: TrainConfig, total_steps: int):
     return opt, sched
 
 
-def choose_precision(t: TrainConfig, has_gpu: bool) -> str:
-    """The mixed precision to run: the config's, else accelerate's (launch sets the env variable)."""
-    mp = t.mixed_precision or os.environ.get("ACCELERATE_MIXED_PRECISION", "no") or "no"
-    if mp == "fp16" and not has_gpu:
+@dataclass(frozen=True)
+class Precision:
+    """The mixed precision a launch runs (`run`), the one its checkpoints are fingerprinted with (`kept`: a
+    resumed `auto` run keeps its first launch's, even where it cannot run it), and why, for the log."""
+
+    run: str
+    kept: str
+    why: str
+
+
+def choose_precision(t: TrainConfig, device_type: str, recorded: str | None = None) -> Precision:
+    """The mixed precision to run ("no", "bf16" or "fp16").
+
+    - train.mixed_precision no, bf16 or fp16: that one; empty: accelerate's ($ACCELERATE_MIXED_PRECISION, which
+      `accelerate launch` sets from its config and flags), else no.
+    - auto (the default): accelerate's where it names bf16 or fp16. Else, on a resume, the choice the run made at
+      its first launch (`recorded`), where this device can run it. Else bf16 where the device computes bf16
+      natively (accel.native_bf16), no elsewhere. `accelerate launch` always exports "no" when nothing is set,
+      so "no" from accelerate does not override auto: train.mixed_precision=no does.
+    """
+    env = os.environ.get("ACCELERATE_MIXED_PRECISION", "no") or "no"
+    setting = t.mixed_precision
+    if setting == accel.AUTO and env == "no":
+        return _auto(device_type, recorded)
+    mp = setting if setting not in ("", accel.AUTO) else env
+    why = "train.mixed_precision" if setting not in ("", accel.AUTO) else "accelerate's mixed_precision"
+    if mp == "fp16" and device_type != "cuda":
         raise ValueError(
             "mixed precision fp16 needs a GPU and none is visible; set train.mixed_precision=no "
             "(or bf16 on a CPU with native bf16), or fix mixed_precision in accelerate_config.yaml"
         )
-    if mp == "bf16" and not has_gpu and not accel.cpu_has_native_bf16():
+    if mp == "bf16" and device_type == "cpu" and not accel.cpu_has_native_bf16():
         cost = ("this CPU has no native bf16 (no AVX512-BF16/AMX): bf16 matmuls are emulated, "
                 "measured here at about 0.5 GFLOP/s against about 150 GFLOP/s in fp32 (15-300x slower)")
         if not t.allow_slow_bf16:
@@ -112,7 +136,20 @@ def choose_precision(t: TrainConfig, has_gpu: bool) -> str:
                              "or set train.allow_slow_bf16=true to run it anyway")
         print(f"\n{'!' * 78}\nWARNING: bf16 forced with train.allow_slow_bf16=true; {cost}\n{'!' * 78}\n",
               file=sys.stderr, flush=True)
-    return mp
+    return Precision(mp, mp, why)
+
+
+def _auto(device_type: str, recorded: str | None) -> Precision:
+    native = accel.native_bf16(device_type)
+    detected = "bf16" if native else "no"
+    if recorded is None:
+        return Precision(detected, detected, f"auto: {accel.why_precision(device_type)}")
+    runnable = {"no": True, "bf16": native, "fp16": device_type == "cuda"}.get(recorded, False)
+    if runnable:
+        return Precision(recorded, recorded, "auto: kept from the run's first launch")
+    return Precision("no", recorded, f"auto: the run's first launch chose {recorded}, which this {device_type} does "
+                     f"not compute natively ({accel.why_precision(device_type)}); it goes on in fp32, so from here "
+                     f"its updates differ from a run that never stopped")
 
 
 def describe(model: Any) -> str:

@@ -255,10 +255,9 @@ def _warn_diverging(s: Setup, step: int, rank_losses: list[float]) -> None:
 
 def _evaluate(s: Setup, st: TrainState) -> None:
     """Validation with evaluate.py's code (batches and eval.precision too): this step's metrics, the best so far."""
-    from pipeline.inference.backends import precision_of
     from pipeline.training.evaluation import evaluate
 
-    m = evaluate(s.acc, s.model, s.val_ds, s.cfg.eval.batch_size, s.task, s.data_info, precision_of(s.cfg.eval),
+    m = evaluate(s.acc, s.model, s.val_ds, s.cfg.eval.batch_size, s.task, s.data_info, s.eval_precision[0],
                  s.cfg.eval.runtime, s.cfg.run_dir)
     st.metrics = m
     st.best.offer(m[st.best.metric], st.step)

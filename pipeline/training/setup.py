@@ -7,12 +7,13 @@ import os
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pipeline import adapters, artifacts, card, tasks, trackers
+from pipeline import accel, adapters, artifacts, card, tasks, trackers
 from pipeline.config import Config, TrainConfig
-from pipeline.inference import padding
+from pipeline.inference import backends, padding
 from pipeline.training import batching, budget, build, checkpoint, rundir
 from pipeline.training.state_io import Best, TrainState
 
@@ -44,11 +45,12 @@ class Setup:
     run_dir: Path
     total_steps: int  # the plan; train.max_minutes fixes it after measuring (budget.py)
     steps_per_epoch: int
-    precision: str  # accelerate's mixed_precision
+    precision: build.Precision  # accelerate's mixed_precision (.run), and why
     log: rundir.MetricsLog
     config_path: str
     budget: dict | None = None  # train.max_minutes: what was measured and decided (budget.py)
     base: dict | None = None  # peft.method=lora: the base model adapted (adapters.base_identity)
+    eval_precision: tuple[str, str] = ("fp32", "eval.precision")  # what validation runs in, and why (backends.resolve)
 
     @property
     def ckpt_root(self) -> Path:
@@ -105,21 +107,19 @@ def _check_global_batch(old: dict, old_world, new: dict, world: int, path: Path)
                      f"resume at the checkpoint's global batch ({hint}) or start a new output_dir")
 
 
-def _resolve_resume(acc, run_dir: Path, resume: str | None, config_path: str) -> Path | None:
+def _resolve_resume(run_dir: Path, resume: str | None, config_path: str) -> tuple[Path | None, list]:
+    """The checkpoint to resume, and what to say about the search on the main process (once it is known)."""
     root = run_dir / "checkpoints"
     if resume is None:
-        return None
+        return None, []
     if resume != "auto":
-        return _checked_resume_path(Path(resume), run_dir)
+        return _checked_resume_path(Path(resume), run_dir), []
     path, warnings = checkpoint.find_resume(root)
-    if acc.is_main_process:
-        for w in warnings:
-            checkpoint.warn(w)
+    notes = [partial(checkpoint.warn, w) for w in warnings]
     if path is None:
         rundir.check_fresh_start(run_dir, config_path)
-        if acc.is_main_process:
-            print(f"--resume auto: no complete checkpoint in {root}; starting fresh", flush=True)
-    return path
+        notes.append(partial(print, f"--resume auto: no complete checkpoint in {root}; starting fresh", flush=True))
+    return path, notes
 
 
 def _checked_resume_path(path: Path, run_dir: Path) -> Path:
@@ -162,26 +162,32 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None,
                 restart: bool = False) -> tuple[Setup, TrainState] | None:
     """Check, build and (when resuming) restore. None: resumed after the last step, nothing to do."""
     import accelerate.utils  # noqa: F401 - like torch, imported before the train.max_minutes clock starts
-    import torch
+    import torch  # noqa: F401
 
     started = time.perf_counter()  # train.max_minutes counts from here
-    mp = build.choose_precision(cfg.train, torch.cuda.is_available())
     trackers.check_installed(cfg.train.report_to)
     if not restart:
         rundir.check_run_dir(cfg.run_dir, resume, config_path)
+    ckpt, notes = (None, []) if restart else _resolve_resume(cfg.run_dir, resume, config_path)
+    saved = TrainState.read(ckpt / checkpoint.STATE) if ckpt else None
+    # before the accelerator is built: its precision is fixed then, and a resumed auto run keeps its first choice
+    precision = build.choose_precision(cfg.train, accel.device_type(),
+                                       saved.fingerprints.get("train", {}).get("mixed_precision") if saved else None)
     prep = _load_data(cfg, config_path)
     tok = build.load_tokenizer(prep.tokenizer_dir, cfg.model.from_scratch)
-    acc = _accelerator(cfg, mp)
+    acc = _accelerator(cfg, precision.run)
+    if acc.is_main_process:
+        for note in notes:
+            note()
     spe = _steps_per_epoch(cfg.train, acc, len(prep.splits["train"]))
-    fps = _fingerprints(cfg, prep.fingerprint, mp)
-    ckpt = None if restart else _resolve_resume(acc, cfg.run_dir, resume, config_path)
-    saved = _read_saved(ckpt, fps, acc.num_processes, prep, cfg.model.name_or_path)
+    fps = _fingerprints(cfg, prep.fingerprint, precision.kept)
+    saved = _check_saved(saved, ckpt, fps, acc.num_processes, prep, cfg.model.name_or_path)
     # a budget's step count (and so warmup and cosine) is fixed at the first launch and kept on every resume,
     # with or without train.max_minutes on the resuming command line
     fixed = rundir.first_budget(checkpoint.run_of(ckpt)) if saved else None
     budgeted = saved is not None and bool(cfg.train.max_minutes or fixed)
     total = saved.total_steps if budgeted else (cfg.train.max_steps or cfg.train.epochs * spe)
-    s = _build(cfg, config_path, prep, tok, acc, mp, total, spe, saved)
+    s = _build(cfg, config_path, prep, tok, acc, precision, total, spe, saved)
     if s.base is not None:
         fps["base"] = s.base
     if cfg.train.max_minutes or budgeted:
@@ -214,21 +220,21 @@ def _steps_per_epoch(t, acc, rows: int) -> int:
     return spe
 
 
-def _read_saved(ckpt: Path | None, fps: dict, world: int, prep, model_name: str) -> TrainState | None:
-    """The checkpoint's state.json, strictly typed, checked to continue this run (before anything is built).
+def _check_saved(saved: TrainState | None, ckpt: Path | None, fps: dict, world: int, prep,
+                 model_name: str) -> TrainState | None:
+    """The checkpoint's state.json (read strictly typed), checked to continue this run (before anything is built).
     Its data is this run's when the content is the same, whichever code prepared it (prepared.is_same_data)."""
-    if ckpt is None:
+    if saved is None:
         return None
     from pipeline.data.prepared import is_same_data
 
-    saved = TrainState.read(ckpt / checkpoint.STATE)
     if is_same_data(saved.fingerprints.get("data"), prep):
         saved.fingerprints = {**saved.fingerprints, "data": prep.fingerprint}
     check_resumable(saved, fps, world, ckpt, model_name)
     return saved
 
 
-def _build(cfg: Config, config_path: str, prep, tok, acc, mp: str, total: int, spe: int,
+def _build(cfg: Config, config_path: str, prep, tok, acc, precision: build.Precision, total: int, spe: int,
            saved: TrainState | None) -> Setup:
     """Seed, then the model, optimizer and schedule, prepared by accelerate (the scheduler stays ours)."""
     import numpy as np
@@ -261,7 +267,8 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, mp: str, total: int, s
     return Setup(cfg=cfg, acc=acc, model=model, optimizer=optimizer, scheduler=scheduler, tok=tok, train_ds=train_ds,
                  val_ds=prep.splits["validation"], lengths=np.asarray(train_ds["length"][:], dtype=np.int64),
                  collate=collate, columns=("input_ids", *task.columns, *pair_columns(train_ds)), task=task, data_info=prep.info, run_dir=run_dir, total_steps=total,
-                 steps_per_epoch=spe, precision=mp, log=log, config_path=config_path, base=base)
+                 steps_per_epoch=spe, precision=precision, log=log, config_path=config_path, base=base,
+                 eval_precision=backends.resolve(cfg.eval, acc.device.type, precision.run))
 
 
 def pair_columns(ds) -> tuple[str, ...]:
@@ -299,10 +306,9 @@ def final_config(s: Setup) -> dict:
     multilabel: tuned thresholds); every process predicts its share (a collective), all get the same dict."""
     if s.task.final_config is None or not s.val_ds.num_rows:
         return {}
-    from pipeline.inference.backends import precision_of
     from pipeline.training.evaluation import outputs
 
-    logits = outputs(s.acc, s.model, s.val_ds, s.cfg.eval.batch_size, s.task, precision_of(s.cfg.eval),
+    logits = outputs(s.acc, s.model, s.val_ds, s.cfg.eval.batch_size, s.task, s.eval_precision[0],
                      s.cfg.eval.runtime, s.cfg.run_dir)
     return s.task.final_config(logits, s.val_ds, s.data_info, s.cfg)
 
@@ -351,14 +357,20 @@ def _announce(s: Setup, st: TrainState, ckpt: Path | None) -> None:
     acc, model = s.acc, s.acc.unwrap_model(s.model)
     if acc.is_main_process:
         rundir.record_launch(s.cfg, s.run_dir, {
-            "num_processes": acc.num_processes, "mixed_precision": s.precision,
+            "num_processes": acc.num_processes, "mixed_precision": s.precision.run,
+            "mixed_precision_chosen_by": s.precision.why, "eval_precision": s.eval_precision[0],
+            "eval_precision_chosen_by": s.eval_precision[1],
             "resumed_from": str(ckpt) if ckpt else None, "model": build.describe(model),
             "fingerprints": st.fingerprints, "budget": s.budget,
         })
         if not (s.run_dir / "model_config" / "config.json").is_file():
             rundir.export_model_config(model, s.tok, s.run_dir / "model_config")
         where = f"resuming from {ckpt} at {st.describe()}" if ckpt else "starting fresh"
-        print(f"{build.describe(model)}; {acc.num_processes} process(es), precision {s.precision}; "
+        if s.precision.run != s.precision.kept:
+            checkpoint.warn(f"precision {s.precision.run}: {s.precision.why}")
+        print(f"precision {s.precision.run} ({s.precision.why}); validation {s.eval_precision[0]} "
+              f"({s.eval_precision[1]})", flush=True)
+        print(f"{build.describe(model)}; {acc.num_processes} process(es), precision {s.precision.run}; "
               f"{s.steps_per_epoch} steps/epoch, {s.total_steps} steps; {where}", flush=True)
     trackers.start(acc, s.cfg, s.run_dir, fresh=ckpt is None)  # after record_launch: a fresh run's folder exists
     acc.wait_for_everyone()

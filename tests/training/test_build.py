@@ -16,21 +16,21 @@ from pipeline.training.loop import train
 def test_fp16_without_gpu_and_slow_bf16_are_refused(monkeypatch, capsys):
     t = load_config(None, ["train.mixed_precision=fp16"]).train
     with pytest.raises(ValueError, match="fp16 needs a GPU"):
-        build.choose_precision(t, has_gpu=False)
-    assert build.choose_precision(t, has_gpu=True) == "fp16"
+        build.choose_precision(t, "cpu")
+    assert build.choose_precision(t, "cuda") == build.Precision("fp16", "fp16", "train.mixed_precision")
     monkeypatch.setattr(accel, "cpu_has_native_bf16", lambda: False)  # an AVX2-only CPU: bf16 emulated
     bf16 = load_config(None, ["train.mixed_precision=bf16"]).train
     with pytest.raises(ValueError, match="allow_slow_bf16"):
-        build.choose_precision(bf16, has_gpu=False)
+        build.choose_precision(bf16, "cpu")
     forced = load_config(None, ["train.mixed_precision=bf16", "train.allow_slow_bf16=true"]).train
-    assert build.choose_precision(forced, has_gpu=False) == "bf16"
+    assert build.choose_precision(forced, "cpu").run == "bf16"
     assert "WARNING: bf16 forced" in capsys.readouterr().err
     monkeypatch.setattr(accel, "cpu_has_native_bf16", lambda: True)  # AVX512-BF16/AMX/Arm BF16: allowed, silent
-    assert build.choose_precision(bf16, has_gpu=False) == "bf16"
+    assert build.choose_precision(bf16, "cpu").run == "bf16"
     assert capsys.readouterr().err == ""
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")  # what `accelerate launch` passes on
     with pytest.raises(ValueError, match="fp16 needs a GPU"):
-        build.choose_precision(load_config(None).train, has_gpu=False)
+        build.choose_precision(load_config(None).train, "cpu")
 
 
 def test_model_that_does_not_fit_the_tokenizer(prepared, fresh_accelerate, tmp_path):

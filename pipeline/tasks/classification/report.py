@@ -99,6 +99,11 @@ def _export_note(export: dict | None) -> str:
     return " (cached export reused)" if export.get("reused") else " (exported)"
 
 
+def _chosen_by(metrics: dict) -> str:
+    why = metrics.get("precision_chosen_by", "eval.precision")
+    return "" if why == "eval.precision" else f" ({why})"
+
+
 def header_lines(metrics: dict) -> list[str]:
     """The first lines of every classifier's summary (single-label, multilabel, regression): the split and checkpoint,
     examples and speed, precision, attention and runtime, and which test set was scored."""
@@ -107,7 +112,7 @@ def header_lines(metrics: dict) -> list[str]:
         f"split '{metrics['split']}', checkpoint '{metrics['checkpoint']}' ({metrics['checkpoint_path']})",
         f"{chunk['examples']} examples (chunks) in {doc['examples']} documents, "
         f"{metrics['examples_per_second']:.1f} examples/s on {metrics['processes']} process(es), "
-        f"precision {metrics.get('precision', 'fp32')}, attention {metrics.get('attention', '?')}, "
+        f"precision {metrics.get('precision', 'fp32')}{_chosen_by(metrics)}, attention {metrics.get('attention', '?')}, "
         f"runtime {metrics.get('runtime', 'torch')}" + _export_note(metrics.get("onnx_export")),
         *([f"test set: {metrics['test_set']}"] if metrics.get("test_set") else []),
     ]
