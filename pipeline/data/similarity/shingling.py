@@ -118,7 +118,7 @@ class _SpanHasher:
 def _code_points(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """All texts' code points in one (C,) uint32 array, and each text's start (N+1,)."""
     starts = np.zeros(len(texts) + 1, dtype=np.int64)
-    np.cumsum([len(t) for t in texts], out=starts[1:])
+    np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)), out=starts[1:])
     cp = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)  # lone surrogates too
     return cp, starts
 

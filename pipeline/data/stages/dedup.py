@@ -20,9 +20,10 @@ its other test members stay and are listed under "kept_within_test" (same fields
 
 from __future__ import annotations
 
-import json
+import operator
 from collections import Counter
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring
 from typing import Iterator
 
 import numpy as np
@@ -58,27 +59,43 @@ class Plan:
         return self.members[~self.stays]
 
 
-def _rank(length: np.ndarray, ids, texts, protected: np.ndarray | None = None):
-    """Sort key of a row: smaller is kept. A protected row first, then the longest normalized text
-    (`length` (N,), characters), then the smallest id, text, row (`ids`, `texts`: lists by row)."""
-    if protected is None:
-        return lambda i: (-int(length[i]), ids[i], texts[i], i)
-    first = ~protected  # False (protected) sorts first
-    return lambda i: (bool(first[i]), -int(length[i]), ids[i], texts[i], i)
+class _Rank:
+    """The order rows are kept in, smaller first: a protected row first, then the longest normalized
+    text (`length` (N,), characters), then the smallest id, raw text, row (`ids`, `texts`: lists by
+    row; `protected` (N,) bool or None). Asked of a few rows at a time, in numpy: the ids (and, among
+    rows sharing an id, the texts) are put in order by one Python sort of those rows' strings."""
+
+    def __init__(self, length: np.ndarray, ids: list[str], texts: list[str], protected: np.ndarray | None = None):
+        self.length, self.ids, self.texts, self.protected = length, ids, texts, protected
+
+    def places(self, rows: np.ndarray) -> np.ndarray:
+        """(M,) each of `rows`' place when they are sorted by rank (0 = the one kept first)."""
+        by_id = _string_codes([self.ids[i] for i in rows.tolist()])
+        by_text = np.zeros(len(rows), dtype=np.int64)
+        tied = np.flatnonzero(np.bincount(by_id, minlength=len(rows))[by_id] > 1)  # rows sharing an id
+        by_text[tied] = _string_codes([self.texts[i] for i in rows[tied].tolist()])
+        keys = [rows, by_text, by_id, -self.length[rows]]
+        if self.protected is not None:
+            keys.append(~self.protected[rows])  # False (protected) sorts first
+        places = np.empty(len(rows), dtype=np.int64)
+        places[np.lexsort(keys)] = np.arange(len(rows))
+        return places
 
 
-def _rank_places(rows: np.ndarray, rank) -> np.ndarray:
-    """(M,) each row's place when `rows` are sorted by rank (0 = the one kept first)."""
-    listed = rows.tolist()
-    places = np.empty(len(rows), dtype=np.int64)
-    places[sorted(range(len(rows)), key=lambda k: rank(listed[k]))] = np.arange(len(rows))
-    return places
+def _string_codes(strings: list[str]) -> np.ndarray:
+    """(M,) each string's place among the distinct strings in Python's order (equal strings, equal codes)."""
+    order = sorted(range(len(strings)), key=strings.__getitem__)
+    ordered = [strings[k] for k in order]
+    new = np.fromiter(map(operator.ne, ordered[1:], ordered[:-1]), dtype=bool, count=max(len(strings) - 1, 0))
+    codes = np.empty(len(strings), dtype=np.int64)
+    codes[order] = np.concatenate(([0], np.cumsum(new)))[: len(strings)]
+    return codes
 
 
-def _best_of_groups(rows: np.ndarray, group: np.ndarray, rank) -> np.ndarray:
+def _best_of_groups(rows: np.ndarray, group: np.ndarray, rank: _Rank) -> np.ndarray:
     """(M,) the best-ranked row of each row's group, for rows (M,) with group labels (M,):
     one sort by rank, then arrays, with no Python loop per group or member."""
-    order = np.lexsort((_rank_places(rows, rank), group))  # by group, the best first
+    order = np.lexsort((rank.places(rows), group))  # by group, the best first
     head = np.ones(len(rows), dtype=bool)
     head[1:] = group[order][1:] != group[order][:-1]
     best = np.empty_like(rows)
@@ -89,7 +106,17 @@ def _best_of_groups(rows: np.ndarray, group: np.ndarray, rank) -> np.ndarray:
 def first_of_texts(norm: list[str]) -> np.ndarray:
     """(N,) the smallest row with the same normalized text as each row (its exact group's label)."""
     seen: dict[str, int] = {}
-    return np.array([seen.setdefault(t, i) for i, t in enumerate(norm)], dtype=np.int64)
+    return np.fromiter(map(seen.setdefault, norm, range(len(norm))), dtype=np.int64, count=len(norm))
+
+
+def _distinct(texts: list[str]) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """(N,) each row's index among the distinct `texts` (in order of first appearance), those
+    distinct texts, and (D,) the row where each first appears."""
+    seen: dict[str, int] = {}
+    code = np.fromiter((seen.setdefault(t, len(seen)) for t in texts), dtype=np.int64, count=len(texts))
+    new = np.ones(len(code), dtype=bool)  # a text is new where its index exceeds every earlier one
+    new[1:] = code[1:] > np.maximum.accumulate(code)[:-1]
+    return code, list(seen), np.flatnonzero(new)
 
 
 def _copied(first: np.ndarray) -> np.ndarray:
@@ -97,7 +124,7 @@ def _copied(first: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.bincount(first, minlength=len(first))[first] > 1)
 
 
-def _exact_groups(first: np.ndarray, rank) -> np.ndarray:
+def _exact_groups(first: np.ndarray, rank: _Rank) -> np.ndarray:
     """(N,) the kept row of each row's exact group (labels `first`, from first_of_texts)."""
     kept = np.arange(len(first))
     copied = _copied(first)
@@ -146,7 +173,7 @@ def _jaccard(sk, found, pairs: np.ndarray) -> np.ndarray:
     return sim
 
 
-def _kept_per_rep(reps: np.ndarray, labels: np.ndarray, jaccard, rank) -> tuple[np.ndarray, np.ndarray]:
+def _kept_per_rep(reps: np.ndarray, labels: np.ndarray, jaccard, rank: _Rank) -> tuple[np.ndarray, np.ndarray]:
     """(R,) the kept row of each representative's near cluster, and (R,) its Jaccard with it."""
     clustered = np.flatnonzero(np.bincount(labels, minlength=len(reps))[labels] > 1)
     kept = reps.copy()
@@ -161,14 +188,15 @@ def plan_dedup(texts: list[str], ids: list[str], cfg: DedupConfig, num_proc: int
                protected: np.ndarray | None = None) -> Plan:
     """Decide which rows to keep (method exact or minhash) and describe every cluster, in this process
     (signatures in `num_proc` processes). `protected` (N,) bool: rows never removed (the test split
-    under dedup.keep_test_whole)."""
-    norm = [minhash.normalize_text(t) for t in texts]
-    length = np.fromiter(map(len, norm), dtype=np.int64, count=len(norm))
+    under dedup.keep_test_whole). Each distinct raw text is normalized once."""
+    code, distinct, first_row = _distinct(texts)
+    norm = [minhash.normalize_text(t) for t in distinct]
+    length = np.fromiter(map(len, norm), dtype=np.int64, count=len(norm))[code]
 
     def search(reps: np.ndarray):
-        return _near_clusters([norm[i] for i in reps.tolist()], cfg, num_proc)
+        return _near_clusters([norm[i] for i in code[reps].tolist()], cfg, num_proc)
 
-    return plan_rows(first_of_texts(norm), length, cfg, search, ids, texts, protected)
+    return plan_rows(first_row[first_of_texts(norm)][code], length, cfg, search, ids, texts, protected)
 
 
 def plan_rows(first: np.ndarray, length: np.ndarray, cfg: DedupConfig, near, ids: list[str], texts: list[str],
@@ -178,7 +206,7 @@ def plan_rows(first: np.ndarray, length: np.ndarray, cfg: DedupConfig, near, ids
     (N,) its normalized text's characters, `near(reps)` the near clusters of rows `reps` ((labels,
     Jaccard of pairs, stats), as _near_clusters), `ids` and `texts` (raw) of the N rows."""
     n = len(first)
-    rank = _rank(length, ids, texts, protected)
+    rank = _Rank(length, ids, texts, protected)
     group = _exact_groups(first, rank)
     reps = np.flatnonzero(group == np.arange(n))
     stats: dict = {"method": cfg.method}
@@ -191,9 +219,10 @@ def plan_rows(first: np.ndarray, length: np.ndarray, cfg: DedupConfig, near, ids
     kept = kept_rep[at]
     members = np.flatnonzero(kept != np.arange(n))
     near = group[members] != kept[members]  # copies of a removed representative are near too
-    sim = np.array([round(s, 4) for s in np.where(near, sim_rep[at[members]], 1.0).tolist()])
+    sim = np.ones(len(members))
+    sim[near] = [round(s, 4) for s in sim_rep[at[members[near]]].tolist()]
     order = _report_order(members, kept[members], sim, ids, rank)
-    stats["clusters"] = len(np.unique(kept[members]))
+    stats["clusters"] = len(minhash.sorted_unique(kept[members]))
     stays = np.zeros(n, dtype=bool) if protected is None else protected
     keep = np.flatnonzero((kept == np.arange(n)) | stays)
     members = members[order]
@@ -201,40 +230,42 @@ def plan_rows(first: np.ndarray, length: np.ndarray, cfg: DedupConfig, near, ids
                 protected is not None, stats)
 
 
-def _report_order(removed: np.ndarray, kept: np.ndarray, sim: np.ndarray, ids: list[str], rank) -> np.ndarray:
+def _report_order(removed: np.ndarray, kept: np.ndarray, sim: np.ndarray, ids: list[str], rank: _Rank) -> np.ndarray:
     """Order of the removed rows in the report: by kept id (so the report does not depend on row
     order), then rounded similarity, highest first, then rank."""
-    clusters = np.unique(kept)
-    listed = clusters.tolist()
+    clusters = minhash.sorted_unique(kept)
     by_id = np.empty(len(clusters), dtype=np.int64)
-    by_id[sorted(range(len(clusters)), key=lambda k: (ids[listed[k]], listed[k]))] = np.arange(len(clusters))
-    return np.lexsort((_rank_places(removed, rank), -sim, by_id[np.searchsorted(clusters, kept)]))
-
-
-def _entries(plan: Plan, rows: list[int], texts: list[str], ids: list[str]) -> list[dict]:
-    """The report's entries of the members at positions `rows` of plan.members."""
-    members, near = plan.members[rows].tolist(), plan.near[rows].tolist()
-    return [{"id": ids[r], "kind": "near" if x else "exact", "similarity": plan.similarity[k],
-             "text": texts[r][:SNIPPET_CHARS]} for r, x, k in zip(members, near, rows)]
+    by_id[np.lexsort((clusters, _string_codes([ids[k] for k in clusters.tolist()])))] = np.arange(len(clusters))
+    return np.lexsort((rank.places(removed), -sim, by_id[np.searchsorted(clusters, kept)]))
 
 
 def report_lines(plan: Plan, texts: list[str], ids: list[str]) -> Iterator[tuple[int, str]]:
     """(kept row, JSON line) of each cluster, in report order: kept id, size, and each removed id with
     its similarity (and, when rows were protected, each protected copy kept within test). The one
-    format of clusters.jsonl, whichever engine planned (Ray's tasks write their clusters' lines)."""
+    format of clusters.jsonl, whichever engine planned (Ray's tasks write their clusters' lines):
+    `json.dumps(line, ensure_ascii=False)` of {"kept", "size", "text", "removed"[, "kept_within_test"]},
+    written out field by field with json's own string encoder, each distinct snippet encoded once."""
+    snippets: dict[str, str] = {}
+
+    def snippet(row: int) -> str:
+        text = texts[row]
+        out = snippets.get(text)
+        if out is None:
+            out = snippets[text] = encode_basestring(text[:SNIPPET_CHARS])
+        return out
+
+    entries = [f'{{"id": {encode_basestring(ids[r])}, "kind": "{"near" if x else "exact"}", "similarity": {sim!r}, '
+               f'"text": {snippet(r)}}}'
+               for r, x, sim in zip(plan.members.tolist(), plan.near.tolist(), plan.similarity)]
     bounds = np.flatnonzero(np.diff(plan.kept_of, prepend=-1, append=-1)).tolist()  # cluster starts, then the end
     stays = plan.stays.tolist()
-    for s, e in zip(bounds[:-1], bounds[1:]):
-        kept = int(plan.kept_of[s])
-        line = {
-            "kept": ids[kept],
-            "size": 1 + e - s,
-            "text": texts[kept][:SNIPPET_CHARS],
-            "removed": _entries(plan, [k for k in range(s, e) if not stays[k]], texts, ids),
-        }
+    for kept, s, e in zip(plan.kept_of[bounds[:-1]].tolist(), bounds[:-1], bounds[1:]):
+        head = f'{{"kept": {encode_basestring(ids[kept])}, "size": {1 + e - s}, "text": {snippet(kept)}, "removed": ['
         if plan.protected:
-            line["kept_within_test"] = _entries(plan, [k for k in range(s, e) if stays[k]], texts, ids)
-        yield kept, json.dumps(line, ensure_ascii=False) + "\n"
+            yield kept, (head + ", ".join(entries[k] for k in range(s, e) if not stays[k]) + '], "kept_within_test": ['
+                         + ", ".join(entries[k] for k in range(s, e) if stays[k]) + "]}\n")
+        else:
+            yield kept, head + ", ".join(entries[s:e]) + "]}\n"
 
 
 def write_report(plan: Plan, texts: list[str], ids: list[str], path) -> None:

@@ -150,6 +150,43 @@ def test_band_candidates_are_what_a_datasketch_index_answers():
     assert got == expected and len(got) >= 40
 
 
+def sharing_a_band(sig: np.ndarray, bands: int, rows: int) -> list[list[int]]:
+    """The definition of the candidates, pair by pair: equal values on all rows of some band."""
+    cut = [sig[:, k * rows : (k + 1) * rows] for k in range(bands)]
+    return [[i, j] for i in range(len(sig)) for j in range(i + 1, len(sig))
+            if any(np.array_equal(c[i], c[j]) for c in cut)]
+
+
+@pytest.mark.parametrize("bands, rows", [(8, 1), (6, 2), (3, 5)])
+def test_band_candidates_are_the_pairs_sharing_a_band(bands, rows):
+    """Few distinct values: groups of many texts, one band's values repeated in other bands."""
+    sig = np.random.default_rng(bands).integers(0, 3, size=(60, bands * rows + 1)).astype(np.uint32)
+    got = minhash.band_candidates(sig, bands, rows)
+    assert got.tolist() == sharing_a_band(sig, bands, rows) and len(got) > 20
+
+
+def test_band_candidates_keep_each_band_apart_where_sorted_keys_meet():
+    """Band 0's largest key equal to band 1's smallest (the same values in both): no pair across."""
+    values = np.arange(1, 200, dtype=np.uint32)
+    keys = minhash._band_keys(values[:, None], 1, 1)[0]
+    u, v, w, x = values[np.argsort(keys)[[0, 50, 100, 150]]]  # increasing keys
+    sig = np.array([[v, w], [v, x], [u, v]], dtype=np.uint32)  # band 0 sorted: u v v; band 1: v w x
+    assert minhash.band_candidates(sig, 2, 1).tolist() == [[0, 1]]
+
+
+def test_band_keys_differ_for_bands_differing_in_one_value():
+    rng = np.random.default_rng(1)
+    sig = rng.integers(0, 2**32, size=(500, 8), dtype=np.uint32)
+    changed = sig.copy()
+    changed[np.arange(500), rng.integers(0, 8, 500)] ^= rng.integers(1, 2**32, 500, dtype=np.uint32)
+    assert not (minhash._band_keys(sig, 1, 8) == minhash._band_keys(changed, 1, 8)).any()
+
+
+def test_sorted_unique_is_np_unique():
+    for values in (np.zeros(0, np.int64), np.array([5]), np.random.default_rng(2).integers(-50, 50, 1000)):
+        np.testing.assert_array_equal(minhash.sorted_unique(values), np.unique(values))
+
+
 def test_exact_jaccard_matches_python_sets():
     cfg = DedupConfig(shingle="char", ngram=4)
     texts = make_texts(30, words=6) + HORRIBLE

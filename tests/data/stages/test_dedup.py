@@ -231,6 +231,27 @@ def test_plan_and_report_equal_the_slow_reference(tmp_path, cfg):
 
 @pytest.mark.parametrize("cfg", [DedupConfig(method="minhash", threshold=0.5), DedupConfig(method="exact")],
                          ids=["t0.5", "exact"])
+def test_repeated_ids_raw_copies_and_awkward_strings_equal_the_slow_reference(tmp_path, cfg):
+    """Ids shared by several rows (ranked by raw text, then row), rows that are the same raw text,
+    and ids and texts that JSON must escape (quotes, backslashes, control characters, non-ASCII)."""
+    texts, _ = tangled()
+    n = len(texts)
+    awkward = ['say "hi" \\ back\n\ttab \x01 \x7f end', "naïve café 😀 “quoted” \u2028 line", "ǅ ﬁ Ⅻ ① مرحبا"]
+    texts += [t + " " + texts[k] for k, t in enumerate(awkward)]
+    texts += [texts[5], texts[5].upper(), texts[5], texts[402], awkward[0], awkward[0].upper()]
+    ids = [f'id"{k % 37}\\{"é" if k % 2 else "x"}' for k in range(len(texts))]
+    for k in (5, n + 3, n + 5):  # one id and one raw text: the smallest row is kept
+        ids[k] = ids[5]
+    ids[n + 4] = "zzz"  # an exact copy ranked after them by id
+    ids[n + 8] = ids[n + 7]  # one id: ranked by raw text, the later row first
+    keep, lines = reference_plan(texts, ids, cfg)
+    result = dedup(dataset(texts, ids), cfg, StageContext(out_dir=tmp_path))
+    assert (tmp_path / REPORT).read_text(encoding="utf-8") == "".join(lines)
+    assert result.data["id"] == [ids[i] for i in keep] and len(lines) >= 3
+
+
+@pytest.mark.parametrize("cfg", [DedupConfig(method="minhash", threshold=0.5), DedupConfig(method="exact")],
+                         ids=["t0.5", "exact"])
 def test_keep_test_whole_plan_and_report_equal_the_slow_reference(tmp_path, cfg):
     """A third of the tangled rows in test, by a hash of the row: clusters mixing the splits."""
     texts, ids = tangled()
