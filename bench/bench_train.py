@@ -10,8 +10,12 @@ fp32, and the same comparison with Trainer at max_length 256, batch 8, on docume
 (lengths from one sentence to past 256 tokens, as reviews), over one whole epoch of them, with and
 without length grouping, and gradient checkpointing (time and peak RSS). On a CPU with native bf16
 (`avx512_bf16`, `amx_bf16`) Trainer's `bf16=True` and ours under bf16 autocast run at both lengths; elsewhere
-bf16 is emulated and many times slower, so only ours runs, a few steps, labelled emulated. The table starts
-with this CPU's model and flags (pipeline.accel.describe_cpu): keep one table per kind of CPU.
+bf16 is emulated and many times slower, so only ours runs, a few steps, labelled emulated. Then
+`model.attention_dropout=0` (configs/default.yaml's setting, which lets SDPA run its fused kernel) in ours
+and, for the equal-settings ratio, in Trainer, in fp32 and (native CPUs) bf16. Every variant of ours pins its
+precision (fp32 unless it says bf16), as Trainer's do. The ratio column is against Trainer with
+`group_by_length` at the same length and precision, the checkpoint's model config as Trainer users run it.
+The table starts with this CPU's model and flags (pipeline.accel.describe_cpu): keep one table per kind of CPU.
 """
 
 from __future__ import annotations
@@ -130,7 +134,8 @@ def run_ours(config: Path, steps: int, warmup: int, batch: int, extra: list[str]
     return {"tokens_per_s": tokens / seconds, "padding": 1 - tokens / slots, "s_per_step": seconds / len(recs)}
 
 
-def run_trainer(config: Path, steps: int, warmup: int, batch: int, grouped: bool, bf16: bool = False) -> dict:
+def run_trainer(config: Path, steps: int, warmup: int, batch: int, grouped: bool, bf16: bool = False,
+                attention_dropout: float | None = None) -> dict:
     from transformers import (
         AutoModelForSequenceClassification,
         DataCollatorWithPadding,
@@ -148,7 +153,9 @@ def run_trainer(config: Path, steps: int, warmup: int, batch: int, grouped: bool
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(prep.tokenizer_dir))
-    model = AutoModelForSequenceClassification.from_pretrained(resolve_pretrained(cfg.model.name_or_path), num_labels=3)
+    kw = {} if attention_dropout is None else {"attention_probs_dropout_prob": attention_dropout}
+    model = AutoModelForSequenceClassification.from_pretrained(resolve_pretrained(cfg.model.name_or_path), num_labels=3,
+                                                               **kw)
     counts, stamps = [], []
     pad = DataCollatorWithPadding(tok)
 
@@ -197,7 +204,7 @@ def child(args) -> None:
         res = {"fp32": matmul_rate("float32"), "bf16": matmul_rate("bfloat16")}
     elif args.variant.startswith("trainer"):
         res = run_trainer(cfg, args.steps, args.warmup, args.batch, args.variant.startswith("trainer_grouped"),
-                          bf16=args.variant.endswith("_bf16"))
+                          bf16="_bf16" in args.variant, attention_dropout=0.0 if "_adrop0" in args.variant else None)
     else:
         res = run_ours(cfg, args.steps, args.warmup, args.batch, args.extra)
     res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -267,6 +274,7 @@ def main() -> None:
         "ours max_len 256 (random order)": ("ours", long, s4, w, 8, ["train.group_by_length=false"]),
         "ours max_len 256, grad ckpt": ("ours", long, s4, w, 8, ["train.gradient_checkpointing=true"]),
         **bf16_variants(short, long, s, s4, w),
+        **attention_dropout_variants(short, long, s, s4, w),
     }
     if args.only:
         variants = {k: v for k, v in variants.items() if k == "matmul" or any(k.startswith(o) for o in args.only)}
@@ -296,19 +304,49 @@ def bf16_variants(short: Path, long: Path, s: int, s4: int, w: int) -> dict:
     }
 
 
+def attention_dropout_variants(short: Path, long: Path, s: int, s4: int, w: int) -> dict:
+    """model.attention_dropout=0 (configs/default.yaml's setting: SDPA's fused kernel runs) in ours and, for the
+    equal-settings ratio, in Trainer (the same model config change), in fp32 and, where native, in bf16."""
+    from pipeline.accel import cpu_has_native_bf16
+
+    zero = ["model.attention_dropout=0"]
+    out = {
+        "ours, attention dropout 0 (length-grouped)": ("ours", short, s, w, 32, zero),
+        "Trainer, attention dropout 0 (group_by_length)": ("trainer_grouped_adrop0", short, s, w, 32, []),
+        "ours max_len 256, attention dropout 0 (length-grouped)": ("ours", long, s4, w, 8, zero),
+        "Trainer max_len 256, attention dropout 0 (group_by_length)": ("trainer_grouped_adrop0", long, s4, w, 8, []),
+    }
+    if cpu_has_native_bf16():
+        bf16 = [*zero, "train.mixed_precision=bf16"]
+        out |= {
+            "ours bf16, attention dropout 0 (length-grouped)": ("ours", short, s, w, 32, bf16),
+            "Trainer bf16, attention dropout 0 (group_by_length)": ("trainer_grouped_adrop0_bf16", short, s, w, 32, []),
+            "ours max_len 256 bf16, attention dropout 0 (length-grouped)": ("ours", long, s4, w, 8, bf16),
+            "Trainer max_len 256 bf16, attention dropout 0 (group_by_length)":
+                ("trainer_grouped_adrop0_bf16", long, s4, w, 8, []),
+        }
+    return out
+
+
 def table(res: dict) -> str:
     from pipeline.accel import describe_cpu
 
     mm = res.pop("matmul")
-    base = {64: res.get("Trainer (dynamic padding)", {}).get("tokens_per_s"),
-            256: res.get("Trainer max_len 256 (dynamic padding)", {}).get("tokens_per_s")}
+    # the ratio column: against Trainer at its best at that length and precision (group_by_length; bf16 where
+    # the variant is bf16), with the checkpoint's model config as Trainer users run it
+    def best_trainer(name: str) -> float | None:
+        key = ("Trainer max_len 256" if "256" in name else "Trainer") + (" bf16" if "bf16" in name else "") + \
+              " (group_by_length)"
+        return res.get(key, {}).get("tokens_per_s") or res.get(key.replace(" (group_by_length)", " (dynamic padding)"),
+                                                                 {}).get("tokens_per_s")
     lines = [f"CPU: {describe_cpu()}", f"fp32 matmul on this CPU: {mm['fp32']:.0f} GFLOP/s; bf16: {mm['bf16']:.1f} GFLOP/s", "",
-             "| variant | real tokens/s | vs Trainer default at its length | padding | s/step | ~GFLOP/s (share of fp32 matmul) | peak RSS MB |",
+             "| variant | real tokens/s | vs Trainer group_by_length, same length and precision | padding | s/step | ~GFLOP/s (share of fp32 matmul) | peak RSS MB |",
              "|---|---|---|---|---|---|---|"]
     for name, r in res.items():
         seq = 256 if "256" in name else 64
         gflops = r["tokens_per_s"] / max(1e-9, 1 - r["padding"]) * flops_per_padded_token(seq) / 1e9
-        ratio = f"{r['tokens_per_s'] / base[seq]:.2f}x" if base[seq] else "-"
+        base = best_trainer(name)
+        ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
         lines.append(f"| {name} | {r['tokens_per_s']:.0f} | {ratio} | {r['padding']:.1%} | {r['s_per_step']:.2f} | "
                      f"{gflops:.0f} ({gflops / mm['fp32']:.0%}) | {r['peak_rss_mb']:.0f} |")
     return "\n".join(lines)

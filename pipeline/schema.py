@@ -217,6 +217,10 @@ class TrainConfig:
                                "accelerate's setting", ("auto", "", "no", "bf16", "fp16"))
     allow_slow_bf16: bool = opt(False, "run bf16 on a CPU without native bf16 support (very slow)")
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
+    attention: str = opt("auto", "attention implementation of the model being trained (validation too): auto = eager "
+                         "where a sequence classifier trains in bf16 on a CPU (torch's CPU SDPA kernels in bf16 measured "
+                         "1.2-1.4x slower than eager there, bench/RESULTS.md), the model's own (SDPA) elsewhere; sdpa; "
+                         "eager", ("auto", "sdpa", "eager"))
     group_by_length: bool = opt(True, "batch texts of similar length together (less padding)")
     pad_to_multiple_of: int = opt(8, "on a GPU, pad each batch's length to a multiple of this (0 = exact); CPUs always pad exactly", bounds="[0, inf)")
     eval_every: int = opt(0, "evaluate on validation every N steps (0 = at the end only)", bounds="[0, inf)")

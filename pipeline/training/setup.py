@@ -255,6 +255,9 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, precision: build.Preci
     if t.gradient_checkpointing:  # non-reentrant: works under DDP (no "marked ready twice"), and with LoRA's
         # frozen embeddings (the reentrant variant needs inputs that require grad: peft's enable_input_require_grads)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    attention = build.training_attention(t.attention, precision.run, acc.device.type, task.outputs is None)
+    if attention:
+        model.set_attn_implementation(attention)
     model, base = adapters.adapt(cfg, task, model, acc)
     optimizer, scheduler = build.build_optimizer(model, t, total)
     model, optimizer = acc.prepare(model, optimizer)  # the scheduler is stepped once per optimizer step, by us
@@ -359,7 +362,7 @@ def _announce(s: Setup, st: TrainState, ckpt: Path | None) -> None:
         rundir.record_launch(s.cfg, s.run_dir, {
             "num_processes": acc.num_processes, "mixed_precision": s.precision.run,
             "mixed_precision_chosen_by": s.precision.why, "eval_precision": s.eval_precision[0],
-            "eval_precision_chosen_by": s.eval_precision[1],
+            "eval_precision_chosen_by": s.eval_precision[1], "attention": backends.attention_of(model),
             "resumed_from": str(ckpt) if ckpt else None, "model": build.describe(model),
             "fingerprints": st.fingerprints, "budget": s.budget,
         })
@@ -369,7 +372,7 @@ def _announce(s: Setup, st: TrainState, ckpt: Path | None) -> None:
         if s.precision.run != s.precision.kept:
             checkpoint.warn(f"precision {s.precision.run}: {s.precision.why}")
         print(f"precision {s.precision.run} ({s.precision.why}); validation {s.eval_precision[0]} "
-              f"({s.eval_precision[1]})", flush=True)
+              f"({s.eval_precision[1]}); attention {backends.attention_of(model)}", flush=True)
         print(f"{build.describe(model)}; {acc.num_processes} process(es), precision {s.precision.run}; "
               f"{s.steps_per_epoch} steps/epoch, {s.total_steps} steps; {where}", flush=True)
     trackers.start(acc, s.cfg, s.run_dir, fresh=ckpt is None)  # after record_launch: a fresh run's folder exists

@@ -111,6 +111,7 @@ def test_a_run_records_its_choice_and_a_resume_on_the_other_kind_of_cpu_keeps_it
     (first,) = _launches(config)
     assert (first["mixed_precision"], first["mixed_precision_chosen_by"]) == ("no", NO_BF16)
     assert (first["eval_precision"], first["eval_precision_chosen_by"]) == ("fp32", "auto: as the run trains (no)")
+    assert first["attention"] == "sdpa"  # the model's own
     assert f"precision no ({NO_BF16}); validation fp32" in capsys.readouterr().out
 
     # resumed at step 20 on a CPU with native bf16: it stays fp32 and ends bitwise where the run ended
@@ -130,6 +131,9 @@ def test_a_run_records_its_choice_and_a_resume_on_the_other_kind_of_cpu_keeps_it
     (launch,) = _launches(bf16)
     assert (launch["mixed_precision"], launch["eval_precision"]) == ("bf16", "bf16")
     assert launch["mixed_precision_chosen_by"] == "auto: CPU flags avx512_bf16"
+    assert launch["attention"] == "eager"  # train.attention=auto: a classifier in bf16 on a CPU
+    exported = json.loads((run_dir(bf16) / "final" / "config.json").read_text())
+    assert exported.get("_attn_implementation", "sdpa") != "eager"  # a training choice, not the export's
     metrics = evaluate_checkpoint(load_config(bf16), str(bf16), progress=False)
     assert (metrics["precision"], metrics["precision_chosen_by"]) == ("bf16", "auto: CPU flags avx512_bf16")
 
@@ -146,3 +150,14 @@ def test_a_run_records_its_choice_and_a_resume_on_the_other_kind_of_cpu_keeps_it
     assert not all(torch.equal(ref[k], got[k]) for k in ref)
     metrics = evaluate_checkpoint(load_config(moved), str(moved), progress=False)
     assert (metrics["precision"], metrics["precision_chosen_by"]) == ("fp32", NO_BF16)
+
+
+def test_train_attention_auto_is_eager_only_for_a_classifier_in_bf16_on_a_cpu():
+    from pipeline.training.build import training_attention
+
+    assert training_attention("auto", "bf16", "cpu", sequence_classifier=True) == "eager"
+    assert training_attention("auto", "no", "cpu", sequence_classifier=True) is None  # fp32: SDPA as fast here
+    assert training_attention("auto", "bf16", "cuda", sequence_classifier=True) is None
+    assert training_attention("auto", "bf16", "cpu", sequence_classifier=False) is None  # LM tasks keep theirs
+    assert training_attention("sdpa", "bf16", "cpu", sequence_classifier=True) == "sdpa"
+    assert training_attention("eager", "no", "cpu", sequence_classifier=False) == "eager"
