@@ -24,11 +24,12 @@ def _dropouts(model) -> tuple[set, set]:
 
 def test_attention_dropout_overrides_only_the_attention_probabilities():
     tok, labels = _tokenizer(), ["neg", "pos"]
-    kept = build_model(load_config(None), tok, {"label_names": labels})  # the packaged MiniLM: 0.1 everywhere
+    own = "model.attention_dropout=-1"  # the model's own (configs/default.yaml sets 0)
+    kept = build_model(load_config(None, [own]), tok, {"label_names": labels})  # the packaged MiniLM: 0.1 everywhere
     assert _dropouts(kept) == ({0.1}, {0.1}) and kept.config.attention_probs_dropout_prob == 0.1
     off = build_model(load_config(None, ["model.attention_dropout=0"]), tok, {"label_names": labels})
     assert _dropouts(off) == ({0.0}, {0.1}) and off.config.attention_probs_dropout_prob == 0.0
-    scratch = ["model.from_scratch=bert", "model.dropout=0.2"]
+    scratch = ["model.from_scratch=bert", "model.dropout=0.2", own]
     assert _dropouts(build_model(load_config(None, scratch), tok, {"label_names": labels})) == ({0.2}, {0.2})
     assert _dropouts(build_model(load_config(None, [*scratch, "model.attention_dropout=0.05"]), tok, {"label_names": labels})) \
         == ({0.05}, {0.2})
@@ -45,7 +46,7 @@ def test_attention_dropout_zero_runs_sdpa_fused_in_training():
     tok, labels = _tokenizer(), ["neg", "pos"]
     scratch = ["model.from_scratch=bert", "model.hidden_size=32", "model.num_heads=2", "model.num_layers=1"]
     ids = torch.randint(1000, 2000, (2, 16))
-    for extra, fused in (([], False), (["model.attention_dropout=0"], True)):
+    for extra, fused in ((["model.attention_dropout=-1"], False), (["model.attention_dropout=0"], True)):
         model = build_model(load_config(None, [*scratch, *extra]), tok, {"label_names": labels}).train()
         with profile() as prof:
             model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([0, 1])).loss.backward()
