@@ -37,15 +37,19 @@ def cpu_flags() -> set[str]:
     return _flags_of(_cpuinfo())
 
 
+def _forced_bf16() -> str:
+    """$PIPELINE_NATIVE_BF16: "1", "0", or "" where unset (then the flags answer)."""
+    forced = os.environ.get(NATIVE_BF16_VAR, "").strip()
+    if forced not in ("", "0", "1"):
+        raise ValueError(f"${NATIVE_BF16_VAR}={forced!r}: set it to 1 or 0, or unset it to read the CPU's flags")
+    return forced
+
+
 def cpu_has_native_bf16() -> bool:
     """True where the CPU computes bf16 natively; elsewhere torch emulates bf16 (15-20x slower than fp32).
     $PIPELINE_NATIVE_BF16 (1 or 0), where set, answers instead of the flags."""
-    forced = os.environ.get(NATIVE_BF16_VAR, "").strip()
-    if forced in ("0", "1"):
-        return forced == "1"
-    if forced:
-        raise ValueError(f"${NATIVE_BF16_VAR}={forced!r}: set it to 1 or 0, or unset it to read the CPU's flags")
-    return bool(NATIVE_BF16_FLAGS & cpu_flags())
+    forced = _forced_bf16()
+    return forced == "1" if forced else bool(NATIVE_BF16_FLAGS & cpu_flags())
 
 
 def native_bf16(device_type: str) -> bool:
@@ -72,8 +76,8 @@ def device_type() -> str:
 def why_precision(device_type: str) -> str:
     """Why `auto` chose what it did on `device_type`, for the line a run prints and records."""
     if device_type == "cpu":
-        forced = os.environ.get(NATIVE_BF16_VAR, "").strip()
-        if forced in ("0", "1"):
+        forced = _forced_bf16()
+        if forced:
             return f"${NATIVE_BF16_VAR}={forced}"
         native = sorted(NATIVE_BF16_FLAGS & cpu_flags())
         return f"CPU flags {' '.join(native)}" if native else "this CPU has no native bf16 (no avx512_bf16/amx_bf16)"

@@ -181,7 +181,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"override '{text}' must look like section.key=value")
     key, raw = text.split("=", 1)
     try:
-        value = _load_scalar(raw) if raw != "" else ""
+        value = yaml.load(raw, Loader=_Yaml12Loader) if raw != "" else ""  # noqa: S506 - a SafeLoader
     except yaml.YAMLError:
         value = raw
     return key.strip(), value
@@ -198,10 +198,6 @@ _Yaml12Loader.yaml_implicit_resolvers = {
 }
 _Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
                                     list("tTfF"))
-
-
-def _load_scalar(raw: str) -> Any:
-    return yaml.load(raw, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader
 
 
 class _UniqueKeyLoader(_Yaml12Loader):

@@ -157,7 +157,7 @@ def training_attention(setting: str, precision: str, device_type: str, sequence_
     sequence classifier in bf16 on a CPU, where torch's SDPA kernels are slower than eager attention in bf16
     (bench/RESULTS.md: 1.26x a step at ~30 tokens, 1.4x at ~200, MiniLM with attention dropout 0); decoders
     (the LM tasks, their packed-document masks) keep theirs."""
-    if setting != "auto":
+    if setting != accel.AUTO:
         return setting
     return "eager" if precision == "bf16" and device_type == "cpu" and sequence_classifier else None
 

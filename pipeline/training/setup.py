@@ -46,11 +46,11 @@ class Setup:
     total_steps: int  # the plan; train.max_minutes fixes it after measuring (budget.py)
     steps_per_epoch: int
     precision: build.Precision  # accelerate's mixed_precision (.run), and why
+    eval_precision: tuple[str, str]  # what validation runs in, and why (backends.resolve)
     log: rundir.MetricsLog
     config_path: str
     budget: dict | None = None  # train.max_minutes: what was measured and decided (budget.py)
     base: dict | None = None  # peft.method=lora: the base model adapted (adapters.base_identity)
-    eval_precision: tuple[str, str] = ("fp32", "eval.precision")  # what validation runs in, and why (backends.resolve)
 
     @property
     def ckpt_root(self) -> Path:

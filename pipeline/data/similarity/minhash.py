@@ -280,10 +280,8 @@ class ShingleSets:
         order, new = _hash_runs(hashes)
         self.bits = max(1, int(new.sum()).bit_length())  # a rank fits in the low `bits` bits
         owner = np.repeat(np.arange(len(rows)), counts)[order]
-        keys = np.sort((owner << self.bits) | (np.cumsum(new) - 1))  # by text, then by rank
-        first = np.ones(len(keys), dtype=bool)
-        first[1:] = keys[1:] != keys[:-1]
-        keys = keys[first]  # a shingle repeated in a text counts once
+        # by text, then by rank; a shingle repeated in a text counts once
+        keys = sorted_unique((owner << self.bits) | (np.cumsum(new) - 1))
         self.ranks = keys & ((1 << self.bits) - 1)
         self.offsets = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(np.bincount(keys >> self.bits, minlength=len(rows)), out=self.offsets[1:])
