@@ -12,10 +12,11 @@ without length grouping, and gradient checkpointing (time and peak RSS). On a CP
 (`avx512_bf16`, `amx_bf16`) Trainer's `bf16=True` and ours under bf16 autocast run at both lengths; elsewhere
 bf16 is emulated and many times slower, so only ours runs, a few steps, labelled emulated. Then
 `model.attention_dropout=0` (configs/default.yaml's setting, which lets SDPA run its fused kernel) in ours
-and, for the equal-settings ratio, in Trainer, in fp32 and (native CPUs) bf16. Every variant of ours pins its
-precision (fp32 unless it says bf16), as Trainer's do. The ratio column is against Trainer with
-`group_by_length` at the same length and precision, the checkpoint's model config as Trainer users run it.
-The table starts with this CPU's model and flags (pipeline.accel.describe_cpu): keep one table per kind of CPU.
+and, for the equal-settings ratio, in Trainer, in fp32 and (native CPUs) bf16; and ours computing every
+position of its last layer (pipeline/inference/first_token.py computes only the one the head reads), to show
+what that is worth. Every variant of ours pins its precision (fp32 unless it says bf16), as Trainer's do. The
+ratio column is against Trainer with `group_by_length` at the same length and precision, the checkpoint's
+model config as Trainer users run it. The table starts with this CPU's model and flags (pipeline.accel.describe_cpu): keep one table per kind of CPU.
 """
 
 from __future__ import annotations
@@ -117,9 +118,18 @@ def restamp(config: Path) -> None:
 # ---------------------------------------------------------------- one variant per process
 
 
+WHOLE_LAST_LAYER = "bench:whole_last_layer"  # a marker in a variant's overrides, not a config key
+
+
 def run_ours(config: Path, steps: int, warmup: int, batch: int, extra: list[str]) -> dict:
     from pipeline.config import load_config
     from pipeline.training.loop import train
+
+    if WHOLE_LAST_LAYER in extra:  # every position of the last layer, not only the head's
+        import pipeline.tasks.classification.model as classifier
+
+        classifier.compute_first_token_only = lambda model: False
+        extra = [e for e in extra if e != WHOLE_LAST_LAYER]
 
     over = [f"train.max_steps={steps + warmup}", f"train.batch_size={batch}", "train.log_every=1",
             "train.eval_every=0", "train.save_every=0", "train.save_at_epoch_end=false",
@@ -316,8 +326,20 @@ def attention_dropout_variants(short: Path, long: Path, s: int, s4: int, w: int)
         "ours max_len 256, attention dropout 0 (length-grouped)": ("ours", long, s4, w, 8, zero),
         "Trainer max_len 256, attention dropout 0 (group_by_length)": ("trainer_grouped_adrop0", long, s4, w, 8, []),
     }
+    before = [*zero, WHOLE_LAST_LAYER]
+    out |= {
+        "ours, attention dropout 0, whole last layer (length-grouped)": ("ours", short, s, w, 32, before),
+        "ours max_len 256, attention dropout 0, whole last layer (length-grouped)":
+            ("ours", long, s4, w, 8, before),
+    }
     if cpu_has_native_bf16():
         bf16 = [*zero, "train.mixed_precision=bf16"]
+        out |= {
+            "ours bf16, attention dropout 0, whole last layer (length-grouped)":
+                ("ours", short, s, w, 32, [*bf16, WHOLE_LAST_LAYER]),
+            "ours max_len 256 bf16, attention dropout 0, whole last layer (length-grouped)":
+                ("ours", long, s4, w, 8, [*bf16, WHOLE_LAST_LAYER]),
+        }
         out |= {
             "ours bf16, attention dropout 0 (length-grouped)": ("ours", short, s, w, 32, bf16),
             "Trainer bf16, attention dropout 0 (group_by_length)": ("trainer_grouped_adrop0_bf16", short, s, w, 32, []),

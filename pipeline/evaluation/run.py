@@ -12,6 +12,7 @@ from pipeline import artifacts, card, tasks, trackers
 from pipeline.config import Config
 from pipeline.evaluation import model as model_io
 from pipeline.inference import backends, predict
+from pipeline.inference.first_token import compute_first_token_only
 
 
 def output_dir(cfg: Config, ckpt: Path) -> Path:
@@ -105,6 +106,7 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
     task = tasks.get(cfg.task)
     model = model_io.load_model(ckpt, cfg.run_dir, task.model_class())
     task.check_model(model, prepared.info, ckpt)
+    compute_first_token_only(model)  # a BERT-family classifier's head reads one position of the last layer
     tok = _check_vocabulary(model, ckpt, cfg, prepared, dataset)
     accelerator = make_accelerator()  # one gloo group when launched as several CPU processes
     start = time.perf_counter()

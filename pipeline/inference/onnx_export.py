@@ -44,6 +44,7 @@ from types import SimpleNamespace
 from typing import Any, Iterator
 
 from pipeline import artifacts
+from pipeline.inference.first_token import compute_every_token
 
 MODEL_FILE = "model.onnx"
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # what padding.pad gives predict_logits
@@ -100,6 +101,7 @@ def _export_torch(model: Any, names: list[str], path: Path) -> None:
     # a copy: the original keeps its attention and accelerate's autocast wrapper (dropped on the copy)
     m = extract_model_from_parallel(copy.deepcopy(model), keep_fp32_wrapper=False).float().cpu().eval()
     m.set_attn_implementation("eager")
+    compute_every_token(m)  # whole layers: ORT's BERT fusion matches those (and its kernels are the fast path)
     ids = torch.full((2, 16), 5, dtype=torch.long)
     mask = torch.ones_like(ids)
     mask[1, 9:] = 0  # one padded row, so the mask is traced as data, not as a constant

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from pipeline import adapters
+from pipeline.inference.first_token import compute_first_token_only
 from pipeline.resolve import load_pretrained, resolve_pretrained
 from pipeline.schema import ModelConfig
 
@@ -45,6 +46,7 @@ def build_model(cfg, tok, info: dict):
                   flush=True)
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tok.pad_token_id
+        compute_first_token_only(model)  # the head reads position 0 of the last layer: compute only that
         return model
     positions = max(cfg.tokenize.max_length, 8)
     positions = -(-positions // 8) * 8  # room for padding to a multiple of 8
@@ -64,9 +66,9 @@ def build_model(cfg, tok, info: dict):
             bos_token_id=tok.bos_token_id if tok.bos_token_id is not None else tok.pad_token_id,
             eos_token_id=tok.eos_token_id if tok.eos_token_id is not None else tok.pad_token_id, **labels,
         )
-    return AutoModelForSequenceClassification.from_config(conf)
-
-
+    model = AutoModelForSequenceClassification.from_config(conf)
+    compute_first_token_only(model)
+    return model
 
 
 def model_class():
