@@ -6,12 +6,14 @@ For N texts (shapes in the comments):
  2. Signatures in datasketch's "affine32" scheme for all permutations at once:
     sig[d, p] = min over shingles h of d of (a_p * fmix32(h mod 2^32) + b_p) mod 2^32, (N, P) uint32;
     bit-identical to `datasketch.MinHash(num_perm=P, seed=seed, hashfunc=<h mod 2^32>)` fed the same
-    shingles (tested), so signatures can go straight into datasketch objects.
+    shingles (tested), so signatures can go straight into datasketch objects. Short texts are signed
+    shingle position by shingle position over many texts at once, long ones text by text.
  3. LSH with the band layout of datasketch's `MinHashLSH` (bands x rows from the config, or its own
     optimal choice for the threshold). `cross_duplicates` indexes the reference set in a real
     `MinHashLSH` and queries it; the self-join of `near_duplicate_pairs` groups equal bands with a
     sort instead, which yields the same candidate pairs (tested) at a fraction of the cost of
-    inserting every document into the index one Python call per band.
+    inserting every document into the index one Python call per band. Checked exactly, the pairs
+    need the signatures' band keys only (`signed_band_keys`).
  4. Candidate pairs checked with exact Jaccard of the shingle-hash sets (or the signature estimate),
     then clustered with union-find.
 
@@ -20,7 +22,10 @@ Shingling and shingle hashing live in pipeline/data/similarity/shingling.py.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -40,8 +45,14 @@ from pipeline.data.similarity.shingling import (  # noqa: F401 - part of this mo
 
 _SIGNATURE_BLOCK = 1 << 20  # uint32 values per signature block: 4 MiB; a block of 2^17 costs ~3x more
 # (each ufunc call loops over P rows), one of 2^22 ~2x (out of cache): bench/RESULTS.md
+_POSITIONS = 64  # texts of at most this many shingles are signed by position
+_POSITION_BLOCK = 1 << 19  # uint32 values per (P, texts) block signed by position (2 MiB)
+_UFUNC_BUFFER = 1024  # numpy's ufunc buffer while signing by position (_ufunc_buffer)
 _MIN_DOCS_PER_PROC = 2000  # below this a worker process costs more than it saves
 _SORTED_PER_BLOCK = 1 << 22  # shingle ranks sorted at once by ShingleSets.jaccard: 32 MiB of int64
+_FMIX_BLOCK = 1 << 16  # uint32 values mixed at a time by _fmix32
+_KEYS_BLOCK = 1 << 16  # band keys (uint64) summed at a time by _band_keys: 512 KiB
+_MERGED_RUN = 64  # ShingleSets.jaccard sorts with timsort when texts have this many shingles on average
 
 
 # ---------------------------------------------------------------- signatures
@@ -57,18 +68,24 @@ def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def _fmix32(h: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 32-bit finalizer, as datasketch applies it before its permutations (in place
-    after its first step: two arrays allocated, not nine)."""
-    shifted = h >> np.uint32(16)
-    h = h ^ shifted
-    h *= np.uint32(0x85EBCA6B)
-    np.right_shift(h, np.uint32(13), out=shifted)
-    h ^= shifted
-    h *= np.uint32(0xC2B2AE35)
-    np.right_shift(h, np.uint32(16), out=shifted)
-    h ^= shifted
-    return h
+def _fmix32(h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """MurmurHash3's 32-bit finalizer, as datasketch applies it before its permutations: into `out`
+    (a new array unless given; may be h itself), in blocks that stay in cache with one small
+    scratch array (fresh memory costs a page fault per 4 KiB here, more than the arithmetic)."""
+    out = h.copy() if out is None else out
+    if out is not h:
+        np.copyto(out, h)
+    shifted = np.empty(min(len(out), _FMIX_BLOCK), dtype=np.uint32)
+    for s in range(0, len(out), _FMIX_BLOCK):
+        x = out[s : s + _FMIX_BLOCK]
+        t = shifted[: len(x)]
+        for shift, mult in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
+            np.right_shift(x, np.uint32(shift), out=t)
+            x ^= t
+            x *= np.uint32(mult)
+        np.right_shift(x, np.uint32(16), out=t)
+        x ^= t
+    return out
 
 
 def hash32(hashes: np.ndarray) -> np.ndarray:
@@ -78,38 +95,155 @@ def hash32(hashes: np.ndarray) -> np.ndarray:
 
 def signatures_from_hashes(hashes: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int) -> np.ndarray:
     """(N, P) uint32 MinHash signatures from shingle hashes (S,) and offsets (N+1,); a text
-    without shingles keeps datasketch's empty value 2^32 - 1 everywhere.
+    without shingles keeps datasketch's empty value 2^32 - 1 everywhere. The array is stored
+    permutation-major (Fortran order: `.T` is C-contiguous (P, N)), as it is computed and as the
+    band keys read it.
 
-    The shingles are taken in chunks of _SIGNATURE_BLOCK // P, whatever texts they belong to:
-    per chunk one (P, chunk) multiply and add give every permutation of every shingle, and one
-    `minimum.reduceat` along the rows gives each text's minimum over its run of the chunk, folded
-    into its signature (a text crossing a chunk edge is folded once per chunk). The work is linear
-    in S, so one 5 MB text costs what the same shingles in many short texts cost.
+    Texts of at most _POSITIONS shingles are signed by shingle position (`_sign_by_position`),
+    longer ones run by run (`_sign_runs`), each text's signature from its own shingles either way:
+    the work is linear in S, and one 5 MB text costs what the same shingles in many texts of more
+    than _POSITIONS shingles cost. Either way every permutation of every shingle is one multiply and
+    add; the runs then pay a `minimum.reduceat` call per (text, permutation), ~7 ns, which is most of
+    a short text's cost (tweets: ~16 shingles, signed ~1.8x faster by position), and the positions
+    a `minimum` per value and a gather per shingle instead, which cost more than that call on texts
+    of more than ~100 shingles.
     """
+    order = _signing_order(np.diff(offsets))
+    sig = np.empty((num_perm, len(order)), dtype=np.uint32)  # column j: text order[j]
+    signed = sum(block.shape[1] for _, block in _signature_blocks(hashes, offsets, num_perm, seed, order, sig))
+    sig[:, signed:] = 0xFFFFFFFF  # the texts without shingles
+    return _unsort_columns(sig, order).T
+
+
+def band_keys_from_hashes(hashes: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int, bands: int,
+                          rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_band_keys` of the texts' signatures, without their (N, P) signatures: (bands, N) keys whose
+    column j is text order[j]'s, and (N,) order (`_signing_order`). Each block of signatures
+    (`_signature_blocks`) gives its texts' keys while it is in cache; the keys stay in that order,
+    which `candidates_of_keys` takes as it is: neither the signatures nor the keys are reordered
+    (putting the signatures in the texts' order cost ~1/4 of their time on the tweets)."""
+    order = _signing_order(np.diff(offsets))
+    keys = np.empty((bands, len(order)), dtype=U64)
+    signed = 0
+    for c, block in _signature_blocks(hashes, offsets, num_perm, seed, order):
+        signed = c + block.shape[1]
+        keys[:, c:signed] = _band_keys(block.T, bands, rows)
+    if signed < len(order):  # the texts without shingles: datasketch's empty signature
+        keys[:, signed:] = _band_keys(np.full((1, num_perm), 0xFFFFFFFF, dtype=np.uint32), bands, rows)
+    return keys, order
+
+
+def _signature_blocks(hashes: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int, order: np.ndarray,
+                      into: np.ndarray | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    """(c, block) for blocks of the texts with shingles, in `order` (`_signing_order`'s): block
+    (P, k) is the signatures of texts order[c:c+k]. The long texts' come as one block; the short
+    ones' in blocks of _POSITION_BLOCK // P texts, views of into (P, N) when given (its columns in
+    `order`), else of one buffer that the next block reuses."""
     a, b = permutations(num_perm, seed)
     a, b = a[:, None], b[:, None]  # (P, 1)
-    h = _fmix32(hash32(hashes))
-    sig = np.full((len(offsets) - 1, num_perm), 0xFFFFFFFF, dtype=np.uint32)
+    h = hash32(hashes)
+    _fmix32(h, out=h)
+    lengths = np.diff(offsets)
+    is_long = lengths > _POSITIONS
+    long = int(np.count_nonzero(is_long))  # the first in order
+    short = int(np.count_nonzero(lengths)) - long  # then these; the empty ones last
+    if long:
+        runs = np.zeros(long + 1, dtype=np.int64)
+        np.cumsum(lengths[is_long], out=runs[1:])
+        block = _sign_runs(h if long == len(lengths) else h[np.repeat(is_long, lengths)], runs, a, b)
+        if into is not None:
+            into[:, :long] = block
+        yield 0, block
+    chunk = max(1, _POSITION_BLOCK // num_perm)
+    buffer = np.empty((num_perm, min(chunk, short)), dtype=np.uint32) if into is None else None
+    tmp = np.empty(num_perm * min(chunk, short), dtype=np.uint32)
+    for c in range(long, long + short, chunk):
+        docs = order[c : min(c + chunk, long + short)]
+        block = into[:, c : c + len(docs)] if into is not None else buffer[:, : len(docs)]
+        _sign_by_position(h, offsets[docs], lengths[docs], a, b, block, tmp)
+        yield c, block
+
+
+def _signing_order(lengths: np.ndarray) -> np.ndarray:
+    """(N,) the texts in the order their signatures are made: those of more than _POSITIONS
+    shingles (by index), then the others by shingles, most first (by index among equals), the
+    empty ones last. One stable sort, of uint16 keys (which numpy radix-sorts) unless the limit
+    is huge."""
+    key = np.maximum(_POSITIONS + 1 - lengths, 0)
+    return np.argsort(key.astype(np.uint16) if _POSITIONS < (1 << 16) - 1 else key, kind="stable")
+
+
+@contextlib.contextmanager
+def _ufunc_buffer(size: int):
+    """numpy's ufunc buffer size (elements) set for a block of code, and set back. numpy 2.4 runs a
+    ufunc over 2-d strided operands whose rows hold at most a quarter of its buffer (8192 by default)
+    through the buffer: (128, 2048) uint32 operands cost 2-4x what (128, 2049) ones cost per value,
+    and the blocks signed by position shrink to a few texts at their longest positions."""
+    old = np.setbufsize(size)
+    try:
+        yield
+    finally:
+        np.setbufsize(old)
+
+
+def _sign_by_position(h: np.ndarray, starts: np.ndarray, lengths: np.ndarray, a: np.ndarray, b: np.ndarray,
+                      out: np.ndarray, tmp: np.ndarray) -> None:
+    """Write into out (P, T) the minima of T texts (`starts`, `lengths` (T,), longest first, none
+    empty) position by position: the texts with an l-th shingle are a prefix, so position l of all
+    of them is one (P, texts) multiply, add and `minimum` into their running minima, rows along the
+    texts, which numpy vectorizes. tmp: P * T values of scratch."""
+    num_perm = len(a)
+    with _ufunc_buffer(_UFUNC_BUFFER):
+        np.multiply(a, h[starts], out=out)  # position 0: every text has one
+        np.add(out, b, out=out)
+        counts = np.searchsorted(-lengths, -np.arange(1, int(lengths[0])), side="left")  # texts with more than l
+        for l, count in enumerate(counts.tolist(), start=1):
+            t = tmp[: num_perm * count].reshape(num_perm, count)
+            np.multiply(a, h[starts[:count] + l], out=t)
+            np.add(t, b, out=t)
+            np.minimum(out[:, :count], t, out=out[:, :count])
+
+
+def _sign_runs(h: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(P, N) minima of the runs h[offsets[i]:offsets[i+1]] (none empty) of 32-bit hashes, in chunks
+    of _SIGNATURE_BLOCK // P shingles whatever texts they belong to: per chunk one (P, chunk)
+    multiply and add give every permutation of every shingle, and one `minimum.reduceat` along the
+    rows gives each run's minimum over its part of the chunk, folded into its column (a run crossing
+    a chunk edge is folded once per chunk)."""
+    num_perm = len(a)
+    sig = np.full((num_perm, len(offsets) - 1), 0xFFFFFFFF, dtype=np.uint32)
     chunk = max(1, _SIGNATURE_BLOCK // num_perm)
     block = np.empty((num_perm, min(chunk, len(h))), dtype=np.uint32)
     for s in range(0, len(h), chunk):
         e = min(s + chunk, len(h))
-        # the text holding shingle s, up to the last one starting before e, less the empty ones
-        docs = np.arange(np.searchsorted(offsets, s, side="right") - 1, np.searchsorted(offsets, e))
-        docs = docs[offsets[docs + 1] > offsets[docs]]
+        # the runs holding shingle s, up to the last one starting before e
+        first, last = int(np.searchsorted(offsets, s, side="right")) - 1, int(np.searchsorted(offsets, e))
         t = block[:, : e - s]
         np.multiply(a, h[None, s:e], out=t)
         np.add(t, b, out=t)
-        part = np.minimum.reduceat(t, np.maximum(offsets[docs], s) - s, axis=1)  # (P, texts)
-        sig[docs] = np.minimum(sig[docs], part.T)
+        part = np.minimum.reduceat(t, np.maximum(offsets[first:last], s) - s, axis=1)  # (P, runs)
+        np.minimum(sig[:, first:last], part, out=sig[:, first:last])
     return sig
+
+
+def _unsort_columns(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """(R, N) with column order[j] = values' column j (itself when order is the identity): one
+    gather per row (a row of N values stays in cache; ~1.4x faster here than `take` along axis 1)."""
+    if np.array_equal(order, np.arange(len(order))):
+        return values
+    at = np.empty_like(order)
+    at[order] = np.arange(len(order))
+    out = np.empty_like(values)
+    for row, into in zip(values, out):
+        np.take(row, at, out=into)
+    return out
 
 
 @dataclass
 class Sketch:
     """Everything MinHash knows about N texts."""
 
-    sig: np.ndarray  # (N, P) uint32 signatures
+    sig: np.ndarray  # (N, P) uint32 signatures; (N, 0) where only their band keys were needed
     hashes: np.ndarray  # (S,) uint64 shingle hashes; text i owns hashes[offsets[i]:offsets[i+1]]
     offsets: np.ndarray  # (N+1,) int64
 
@@ -124,26 +258,92 @@ def _as_list(texts) -> list[str]:
     return texts if isinstance(texts, list) else list(texts[:])
 
 
+def _processes(texts: int, num_proc: int) -> int:
+    return max(1, min(num_proc, texts // _MIN_DOCS_PER_PROC))
+
+
+def _in_processes(fn, procs: int, *args: list) -> list:
+    """[fn(*a) for a in zip(*args)] in `procs` processes. forkserver: safe when the parent holds
+    threads (Arrow's pool), unlike fork; its server imports this module once, so each worker starts
+    without importing numpy again."""
+    context = get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    with ProcessPoolExecutor(procs, mp_context=context) as pool:
+        return list(pool.map(fn, *args))
+
+
+def _joined_offsets(parts: list[np.ndarray]) -> np.ndarray:
+    """The offsets (N+1,) of consecutive parts' texts, from each part's own offsets."""
+    shift = np.cumsum([0] + [p[-1] for p in parts[:-1]])
+    return np.concatenate([np.zeros(1, np.int64)] + [p[1:] + k for p, k in zip(parts, shift)])
+
+
+def _spans(texts: int, procs: int) -> list[tuple[int, int]]:
+    """[start, end) of `procs` runs of consecutive texts, as many texts in each."""
+    return list(itertools.pairwise(np.linspace(0, texts, procs + 1).astype(int).tolist()))
+
+
+def _shingled_chunks(hashes: np.ndarray, offsets: np.ndarray, procs: int) -> tuple[list, list]:
+    """The hashes and offsets of `procs` runs of consecutive texts (`_spans`)."""
+    spans = _spans(len(offsets) - 1, procs)
+    return [hashes[offsets[s] : offsets[e]] for s, e in spans], [offsets[s : e + 1] - offsets[s] for s, e in spans]
+
+
+def _joined_signatures(parts: list[np.ndarray]) -> np.ndarray:
+    """Parts' (N_i, P) signatures as one (N, P), permutation-major as each part."""
+    return np.concatenate([p.T for p in parts], axis=1).T
+
+
 def sketch(texts: list[str], cfg, num_proc: int = 1, normalized: bool = False) -> tuple[Sketch, int]:
     """Shingle and sign `texts` with `cfg` (a DedupConfig); returns the sketch and the number of
     processes used (normalized: see `shingle_hashes`). Each text's result depends on that text
     alone, so any split into contiguous chunks over processes gives the same arrays as one process."""
     texts = _as_list(texts)
     args = (cfg.shingle, cfg.ngram, cfg.num_perm, cfg.seed, normalized)
-    procs = max(1, min(num_proc, len(texts) // _MIN_DOCS_PER_PROC))
+    procs = _processes(len(texts), num_proc)
     if procs == 1:
         return _sketch_chunk(texts, *args), 1
-    bounds = np.linspace(0, len(texts), procs + 1).astype(int)
-    chunks = [texts[s:e] for s, e in zip(bounds[:-1], bounds[1:])]
-    # forkserver: safe when the parent holds threads (Arrow's pool), unlike fork; its server
-    # imports this module once, so each worker starts without importing numpy again
-    context = get_context("forkserver")
-    context.set_forkserver_preload([__name__])
-    with ProcessPoolExecutor(procs, mp_context=context) as pool:
-        parts = list(pool.map(_sketch_chunk, chunks, *[[x] * procs for x in args]))
-    shift = np.cumsum([0] + [len(p.hashes) for p in parts[:-1]])
-    offsets = np.concatenate([np.zeros(1, np.int64)] + [p.offsets[1:] + k for p, k in zip(parts, shift)])
-    return Sketch(np.concatenate([p.sig for p in parts]), np.concatenate([p.hashes for p in parts]), offsets), procs
+    chunks = [texts[s:e] for s, e in _spans(len(texts), procs)]
+    parts = _in_processes(_sketch_chunk, procs, chunks, *[[x] * procs for x in args])
+    return Sketch(_joined_signatures([p.sig for p in parts]), np.concatenate([p.hashes for p in parts]),
+                  _joined_offsets([p.offsets for p in parts])), procs
+
+
+def shingled(texts: list[str], cfg, num_proc: int = 1, normalized: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """`shingle_hashes` of `texts` with cfg's shingles, in processes as `sketch` takes them."""
+    texts = _as_list(texts)
+    procs = _processes(len(texts), num_proc)
+    if procs == 1:
+        return shingle_hashes(texts, cfg.shingle, cfg.ngram, normalized)
+    chunks = [texts[s:e] for s, e in _spans(len(texts), procs)]
+    parts = _in_processes(shingle_hashes, procs, chunks, [cfg.shingle] * procs, [cfg.ngram] * procs,
+                          [normalized] * procs)
+    return np.concatenate([h for h, _ in parts]), _joined_offsets([o for _, o in parts])
+
+
+def signed(hashes: np.ndarray, offsets: np.ndarray, cfg, num_proc: int = 1) -> tuple[Sketch, int]:
+    """The sketch of texts already shingled (hashes (S,), offsets (N+1,)) and the number of
+    processes used: `sketch`'s, for the same texts in the same processes."""
+    procs = _processes(len(offsets) - 1, num_proc)
+    if procs == 1:
+        return Sketch(signatures_from_hashes(hashes, offsets, cfg.num_perm, cfg.seed), hashes, offsets), 1
+    parts = _in_processes(signatures_from_hashes, procs, *_shingled_chunks(hashes, offsets, procs),
+                          [cfg.num_perm] * procs, [cfg.seed] * procs)
+    return Sketch(_joined_signatures(parts), hashes, offsets), procs
+
+
+def signed_band_keys(hashes: np.ndarray, offsets: np.ndarray, cfg, bands: int, rows: int,
+                     num_proc: int = 1) -> tuple[np.ndarray, np.ndarray, int]:
+    """The band keys of texts already shingled (`band_keys_from_hashes`: (bands, N) keys and (N,)
+    the text of each column), in processes as `signed` signs them, and the number of processes
+    used: for a check that needs no signature after the LSH (exact Jaccard)."""
+    procs = _processes(len(offsets) - 1, num_proc)
+    if procs == 1:
+        return *band_keys_from_hashes(hashes, offsets, cfg.num_perm, cfg.seed, bands, rows), 1
+    parts = _in_processes(band_keys_from_hashes, procs, *_shingled_chunks(hashes, offsets, procs),
+                          *[[x] * procs for x in (cfg.num_perm, cfg.seed, bands, rows)])
+    texts = [order + s for (_, order), (s, _) in zip(parts, _spans(len(offsets) - 1, procs))]
+    return np.concatenate([keys for keys, _ in parts], axis=1), np.concatenate(texts), procs
 
 
 # ---------------------------------------------------------------- LSH
@@ -185,12 +385,21 @@ def _band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
     band's values times fixed odd multipliers (mod 2^64), one multiply-add per value and one mix per
     band. Equal bands give equal keys; unequal ones collide with chance ~2^-64, and two that differ
     in one value never do (an odd multiple of a nonzero 32-bit difference is nonzero mod 2^64)."""
+    n = len(sig)
     mult = fmix64(np.arange(1, rows + 1, dtype=U64) * GOLD) | U64(1)
-    cols = sig[:, : bands * rows].reshape(len(sig), bands, rows)
-    key = cols[:, :, 0] * mult[0]
-    for j in range(1, rows):
-        key += cols[:, :, j] * mult[j]
-    return np.ascontiguousarray(fmix64(key).T)
+    # (bands, rows, N): a view of a permutation-major sig (signatures_from_hashes'), else a copy
+    values = sig.T[: bands * rows].reshape(bands, rows, n)
+    keys = np.empty((bands, n), dtype=U64)
+    step = max(1, _KEYS_BLOCK // max(1, n))  # bands at a time, so that their sums stay in cache
+    term = np.empty((min(step, bands), n), dtype=U64)
+    for k in range(0, bands, step):
+        key, t = keys[k : k + step], term[: min(step, bands - k)]
+        np.multiply(values[k : k + step, 0], mult[0], out=key)
+        for j in range(1, rows):
+            np.multiply(values[k : k + step, j], mult[j], out=t)
+            key += t
+        key[:] = fmix64(key)
+    return keys
 
 
 def _pairs_within_groups(members: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -203,6 +412,25 @@ def _pairs_within_groups(members: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return np.stack([members[left], members[right]], axis=1)
 
 
+def _pair_codes(members: np.ndarray, sizes: np.ndarray, n: int) -> np.ndarray:
+    """i * n + j of all pairs i < j inside consecutive groups of `members` (each ascending) with
+    the given sizes, as _pairs_within_groups lists them: in 32 bits when they fit (a pair is
+    listed once per band the two share, so the big groups of texts sharing many bands make
+    hundreds of thousands of codes, and each array of them is fresh memory to fault in)."""
+    later = np.arange(len(members)) - np.repeat(np.cumsum(sizes), sizes) + 1
+    later *= -1  # partners after each member in its group
+    total = int(later.sum())
+    index = np.int32 if max(total, len(members)) < 1 << 31 else np.int64
+    code = np.uint32 if n * n <= 1 << 32 else np.uint64
+    left = np.repeat(np.arange(len(members), dtype=index), later)
+    right = np.arange(total, dtype=index)  # partner k of member m is member m + 1 + k - (its first k)
+    right -= np.repeat((np.cumsum(later) - later - np.arange(len(members)) - 1).astype(index), later)
+    out = members.astype(code)[left]
+    out *= code(n)
+    out += members.astype(code)[right]
+    return out
+
+
 def band_candidates(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
     """Candidate pairs (K, 2) int64, i < j, sorted: texts whose signatures agree on all `rows`
     values of at least one of `bands` bands, which is what datasketch's MinHashLSH answers.
@@ -212,28 +440,32 @@ def band_candidates(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
     top 64 - bits bits can only add a candidate (two different bands colliding, chance
     2^-(64-bits) per pair and band), which the Jaccard check then removes. Only the neighbours
     with equal keys are gathered: most texts share no band with any other."""
-    n = len(sig)
+    return candidates_of_keys(_band_keys(sig, bands, rows))
+
+
+def candidates_of_keys(packed: np.ndarray, texts: np.ndarray | None = None) -> np.ndarray:
+    """band_candidates from the band keys (bands, N) (`_band_keys`'s; overwritten), whose column j
+    is text texts[j]'s (a permutation of range(N); default j): packed with that index, each band's
+    keys sort the same whatever the columns' order."""
+    n = packed.shape[1]
     if n < 2:
         return np.zeros((0, 2), dtype=np.int64)
     bits = (n - 1).bit_length()
     mask = U64((1 << bits) - 1)
-    packed = _band_keys(sig, bands, rows)
     packed &= ~mask
-    packed |= np.arange(n, dtype=U64)
-    packed.sort(axis=1)
+    packed |= np.arange(n, dtype=U64) if texts is None else texts.astype(U64)
+    for row in packed:  # band by band: a band's keys stay in cache (~1.4x faster than sort(axis=1))
+        row.sort()
     flat = packed.ravel()
-    top = flat >> U64(bits)
-    same = top[1:] == top[:-1]  # (bands * N - 1,) key k + 1 is in key k's group
-    same[n - 1 :: n] = False  # a band's last key and the next band's first
-    links = np.flatnonzero(same)
+    # per band (small temporaries, in cache): key k + 1 is in key k's group, as an index into flat
+    links = np.concatenate([np.flatnonzero((row[1:] ^ row[:-1]) <= mask) + k * n for k, row in enumerate(packed)])
     if not len(links):
         return np.zeros((0, 2), dtype=np.int64)
     head = np.ones(len(links), dtype=bool)  # a group's first link
     head[1:] = links[1:] != links[:-1] + 1
     sizes = np.diff(np.append(np.flatnonzero(head), len(links))) + 1
     members = (flat[_ranges(links[head], sizes)] & mask).astype(np.int64)
-    pairs = _pairs_within_groups(members, sizes)  # ascending index inside a group: i < j
-    codes = sorted_unique(pairs[:, 0] * n + pairs[:, 1])
+    codes = sorted_unique(_pair_codes(members, sizes, n)).astype(np.int64)
     return np.stack([codes // n, codes % n], axis=1)
 
 
@@ -289,17 +521,26 @@ class ShingleSets:
     def jaccard(self, pairs: np.ndarray) -> np.ndarray:
         """(K,) exact Jaccard of each pair of rows (all among `rows`). Per block of pairs, both
         texts' ranks tagged with the pair's index and sorted: a repeat is a shared shingle. Each
-        text's ranks are sorted already, so the keys are runs that a stable sort (timsort) merges
-        in about linear time, ~4x faster here than a SIMD quicksort."""
+        text's ranks are sorted already, so the keys are runs, which a stable sort (timsort) merges
+        in about linear time when they are long (~4x faster than a SIMD quicksort on long texts);
+        runs shorter than _MERGED_RUN it sorts by insertion first, where the SIMD quicksort is
+        ~2x faster (tweets). Keys fit in 32 bits when a block's pair indices fit in 32 - `bits`
+        bits, and a sort of uint32 costs about half that of int64."""
         pos = self.at[pairs].reshape(-1, 2)  # (K, 2) into offsets
         size = self.offsets[pos + 1] - self.offsets[pos]  # (K, 2) distinct shingles per text
         total = size.sum(axis=1)  # (K,) at least 2: a sketched text has a shingle
         shared = np.zeros(len(pos), dtype=np.int64)
-        block = max(1, min(_SORTED_PER_BLOCK // max(1, int(total.max(initial=0))), 1 << (62 - self.bits)))
+        narrow = self.bits <= 24  # blocks of at least 2^8 pairs in 32-bit keys
+        kind = "stable" if total.sum() >= _MERGED_RUN * 2 * len(pos) else "quicksort"
+        block = max(1, min(_SORTED_PER_BLOCK // max(1, int(total.max(initial=0))),
+                           1 << ((32 if narrow else 62) - self.bits)))
+        dtype = np.uint32 if narrow else np.int64
+        ranks = self.ranks.astype(dtype)
         for s in range(0, len(pos), block):
             p, sz, n = pos[s : s + block], size[s : s + block], total[s : s + block]
             src = _ranges(self.offsets[p].ravel(), sz.ravel())  # text i's ranks, then text j's
-            keys = np.sort((np.repeat(np.arange(len(p)), n) << self.bits) | self.ranks[src], kind="stable")
+            keys = (np.repeat(np.arange(len(p), dtype=dtype), n) << dtype(self.bits)) | ranks[src]
+            keys.sort(kind=kind)
             repeat = keys[1:] == keys[:-1]  # a pair's last key never equals the next pair's first
             shared[s : s + block] = np.add.reduceat(repeat, np.cumsum(n) - n, dtype=np.int64)
         return shared / (total - shared)
@@ -343,12 +584,14 @@ class PairResult:
     sets: ShingleSets | None  # the candidates' shingle sets when verified: more exact Jaccard cheaply
 
 
-def near_duplicate_pairs(sk: Sketch, cfg, threshold: float | None = None) -> PairResult:
+def near_duplicate_pairs(sk: Sketch, cfg, threshold: float | None = None, keys: tuple | None = None) -> PairResult:
     """LSH candidates among the sketched texts, kept where their Jaccard >= threshold: exact when
-    cfg.verify (false positives dropped for sure), otherwise the signature estimate."""
+    cfg.verify (false positives dropped for sure), otherwise the signature estimate. keys: the
+    texts' band keys for lsh_params' bands at this threshold and the text of each of their columns
+    (`signed_band_keys`), when the sketch keeps no signatures (the exact check needs none)."""
     threshold = cfg.threshold if threshold is None else threshold
     b, r = lsh_params(threshold, cfg.num_perm, cfg.bands, cfg.rows, cfg.verify)
-    cand = band_candidates(sk.sig, b, r)
+    cand = candidates_of_keys(*keys) if keys is not None else band_candidates(sk.sig, b, r)
     sets = ShingleSets(sk, cand) if cfg.verify else None
     sim = sets.jaccard(cand) if sets is not None else estimated_jaccard(sk.sig, cand)
     ok = sim >= threshold - 1e-12

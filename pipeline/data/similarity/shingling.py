@@ -24,13 +24,14 @@ _WORD = re.compile(r"\w+")
 _OTHER_SPACES = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
 
 
-def normalize_text(text: str) -> str:
+def normalize_text(text: str, folded: bool = False) -> str:
     """Casefolded, whitespace collapsed (`" ".join(text.casefold().split())`): the key of exact
     duplicates and of char shingles. Done as every whitespace character -> " ", runs of " " -> one,
     ends stripped: a few scans and copies in C instead of a list of words (most of the cost on
     long texts). " " is the one printable whitespace character (a test checks all code points),
-    so a printable text has no other."""
-    folded = text.casefold()
+    so a printable text has no other. folded: `text` is casefolded already, which casefolding
+    again would not change (a test checks all code points), so it is not."""
+    folded = text if folded else text.casefold()
     if not folded.isprintable():
         for space in _OTHER_SPACES:
             if space in folded:
@@ -87,13 +88,28 @@ def _is_word_char(cp: np.ndarray) -> np.ndarray:
     return out
 
 
-@functools.lru_cache(maxsize=2)
-def _powers(size: int) -> tuple[np.ndarray, np.ndarray]:
-    """K^j and K^-j mod 2^64 for j < size (size a power of two, so a process computes few)."""
+def _power_table(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """K^j and K^-j mod 2^64 for j < size."""
     powers = np.full(size, _K, dtype=U64)
     inverse = np.full(size, _K_INV, dtype=U64)
     powers[0] = inverse[0] = 1
     return np.cumprod(powers), np.cumprod(inverse)
+
+
+_power_tables: list[tuple[np.ndarray, np.ndarray]] = []  # the last two made, most recent first
+
+
+def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """K^j and K^-j mod 2^64 for j < n (at least): one of the last two tables made (a power of two
+    entries each) when it is long enough, else a new one. The batches' sizes vary (~2^18 code
+    points, more or fewer by a text's length; the last one shorter), so tables cached by their
+    exact size were made again in turn: ~4 ms of the tweets' ~35."""
+    for table in _power_tables:
+        if len(table[0]) >= n:
+            return table
+    table = _power_table(1 << max(n - 1, 1).bit_length())
+    _power_tables[:] = [table, *_power_tables[:1]]
+    return table
 
 
 class _SpanHasher:
@@ -105,7 +121,7 @@ class _SpanHasher:
 
     def __init__(self, cp: np.ndarray):
         n = len(cp)
-        powers, self.inv = _powers(1 << n.bit_length())  # at least n+1 entries
+        powers, self.inv = _powers(n + 1)
         self.prefix = np.zeros(n + 1, dtype=U64)  # (C+1,) sum_{j<i} cp[j] * K^j
         np.multiply(cp, powers[:n], out=self.prefix[1:])
         np.cumsum(self.prefix[1:], out=self.prefix[1:])
@@ -121,6 +137,17 @@ def _code_points(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)), out=starts[1:])
     cp = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)  # lone surrogates too
     return cp, starts
+
+
+def _spaced_code_points(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """_code_points of the texts with a space (no word character) before each and after the last,
+    so that no word crosses a text's edge and each word starts and ends at a change of
+    `_is_word_char`: (C,) uint32, and each text's start (N+1,) (the last: C)."""
+    starts = np.ones(len(texts) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)) + 1, out=starts[1:])
+    starts[1:] += 1
+    spaced = " ".join(texts).join("  ")  # " " + the texts joined by " " + " "
+    return np.frombuffer(spaced.encode("utf-32-le", "surrogatepass"), dtype=np.uint32), starts
 
 
 def text_hashes(texts: list[str]) -> np.ndarray:
@@ -148,9 +175,11 @@ def _word_ngrams(texts: list[str], n: int, normalized: bool) -> tuple[np.ndarray
     """An n-gram's hash chains its words' hashes: h = fmix64(h * GOLD + word), from h = 0. Chains of
     k words are built from every word at once, k = 1..n (array shifts, no gather per shingle); a
     text of fewer than n words takes its one chain of all its words."""
-    folded = texts if normalized else [t.casefold() for t in texts]
-    cp, starts = _code_points(folded)
-    w_start, w_end = _word_spans(cp, starts)
+    folded = texts if normalized else list(map(str.casefold, texts))
+    cp, starts = _spaced_code_points(folded)
+    word = _is_word_char(cp)
+    edges = np.flatnonzero(word[1:] != word[:-1]) + 1  # a word's start, then its end, ...
+    w_start, w_end = edges[0::2], edges[1::2]
     w_hash = _SpanHasher(cp)(w_start, w_end)  # (W,) one hash per word
     w_first = np.searchsorted(w_start, starts)  # (N+1,) index of each text's first word
     n_words = np.diff(w_first)
@@ -190,7 +219,8 @@ def shingle_hashes(texts: list[str], unit: str, n: int, normalized: bool = False
     """64-bit hashes of every shingle (S,) uint64 and per-text offsets (N+1,): text i owns
     hashes[offsets[i]:offsets[i+1]] (at least one). Equal shingles (see `shingles`) hash equally.
     normalized: the texts are `normalize_text`'s output, whose shingles are the raw texts' (case
-    folding is idempotent and whitespace is never part of a word), so folding again is skipped."""
+    folding is idempotent and whitespace is never part of a word), so folding again is skipped;
+    for word shingles casefolded texts are enough (their words are the normalized texts')."""
     if not texts:
         return np.zeros(0, dtype=U64), np.zeros(1, dtype=np.int64)
     fn = _char_ngrams if unit == "char" else _word_ngrams

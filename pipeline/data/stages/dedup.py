@@ -113,10 +113,10 @@ def _distinct(texts: list[str]) -> tuple[np.ndarray, list[str], np.ndarray]:
     """(N,) each row's index among the distinct `texts` (in order of first appearance), those
     distinct texts, and (D,) the row where each first appears."""
     seen: dict[str, int] = {}
-    code = np.fromiter((seen.setdefault(t, len(seen)) for t in texts), dtype=np.int64, count=len(texts))
-    new = np.ones(len(code), dtype=bool)  # a text is new where its index exceeds every earlier one
-    new[1:] = code[1:] > np.maximum.accumulate(code)[:-1]
-    return code, list(seen), np.flatnonzero(new)
+    # each row's first row with its text: a dict call per row from C (`map`), no Python frame per row
+    first = np.fromiter(map(seen.setdefault, texts, range(len(texts))), dtype=np.int64, count=len(texts))
+    new = first == np.arange(len(texts))  # a text's first row
+    return (np.cumsum(new) - 1)[first], list(seen), np.flatnonzero(new)
 
 
 def _copied(first: np.ndarray) -> np.ndarray:
@@ -145,15 +145,15 @@ def near_stats(candidates: int, verified: int, cfg: DedupConfig, bands: int, row
     }
 
 
-def _near_clusters(texts: list[str], cfg: DedupConfig, num_proc: int = 1) -> tuple[np.ndarray, object, dict]:
-    """Connected-component label of each text (R,) (the smallest index of its component), exact
-    Jaccard of pairs of them (a function of (K, 2) indices), and stats. `texts` are the exact groups'
-    normalized texts, which have the raw texts' shingles and are folded already. The Ray engine finds
-    the same components with the same minhash functions, spread over a cluster (shuffle.py)."""
-    sk, procs = minhash.sketch(texts, cfg, num_proc, normalized=True)
-    found = minhash.near_duplicate_pairs(sk, cfg)
+def _near_clusters(sk: minhash.Sketch, procs: int, cfg: DedupConfig, keys: tuple | None = None) -> tuple:
+    """Connected-component label of each sketched text (R,) (the smallest index of its component),
+    exact Jaccard of pairs of them (a function of (K, 2) indices), and stats (`procs`: the processes
+    that signed them; keys: their band keys and columns' texts, when the sketch keeps no signatures). The texts are the
+    exact groups' representatives. The Ray engine finds the same components with the same minhash
+    functions, spread over a cluster (shuffle.py)."""
+    found = minhash.near_duplicate_pairs(sk, cfg, keys=keys)
     stats = near_stats(found.candidates, len(found.pairs), cfg, found.bands, found.rows, procs)
-    return minhash.union_find(len(texts), found.pairs), lambda pairs: _jaccard(sk, found, pairs), stats
+    return minhash.union_find(len(sk.offsets) - 1, found.pairs), lambda pairs: _jaccard(sk, found, pairs), stats
 
 
 def _jaccard(sk, found, pairs: np.ndarray) -> np.ndarray:
@@ -163,8 +163,9 @@ def _jaccard(sk, found, pairs: np.ndarray) -> np.ndarray:
     if found.sets is None:  # the check used estimates; the report's similarities are exact anyway
         return minhash.ShingleSets(sk, pairs).jaccard(pairs)
     pairs = np.sort(pairs, axis=1)  # i < j, as the verified pairs are
-    known = found.pairs[:, 0] * len(sk.sig) + found.pairs[:, 1]  # ascending: band_candidates sorts
-    code = pairs[:, 0] * len(sk.sig) + pairs[:, 1]
+    n = len(sk.offsets) - 1
+    known = found.pairs[:, 0] * n + found.pairs[:, 1]  # ascending: band_candidates sorts
+    code = pairs[:, 0] * n + pairs[:, 1]
     at = np.minimum(np.searchsorted(known, code), max(len(known) - 1, 0))
     hit = known[at] == code
     sim = np.empty(len(pairs))
@@ -187,16 +188,84 @@ def _kept_per_rep(reps: np.ndarray, labels: np.ndarray, jaccard, rank: _Rank) ->
 def plan_dedup(texts: list[str], ids: list[str], cfg: DedupConfig, num_proc: int = 1,
                protected: np.ndarray | None = None) -> Plan:
     """Decide which rows to keep (method exact or minhash) and describe every cluster, in this process
-    (signatures in `num_proc` processes). `protected` (N,) bool: rows never removed (the test split
-    under dedup.keep_test_whole). Each distinct raw text is normalized once."""
+    (shingles and signatures in `num_proc` processes). `protected` (N,) bool: rows never removed (the
+    test split under dedup.keep_test_whole). Each distinct raw text is normalized at most once."""
     code, distinct, first_row = _distinct(texts)
-    norm = [minhash.normalize_text(t) for t in distinct]
-    length = np.fromiter(map(len, norm), dtype=np.int64, count=len(norm))[code]
+    if cfg.method == "minhash" and cfg.shingle == "word":
+        label, length, search = _word_minhash(distinct, code, cfg, num_proc)
+    else:
+        norm = [minhash.normalize_text(t) for t in distinct]
+        label = first_of_texts(norm)
+        length = np.fromiter(map(len, norm), dtype=np.int64, count=len(norm))[code]
+
+        def search(reps: np.ndarray):
+            return _near_clusters(*minhash.sketch([norm[i] for i in code[reps].tolist()], cfg, num_proc,
+                                                  normalized=True), cfg)
+
+    return plan_rows(first_row[label][code], length, cfg, search, ids, texts, protected)
+
+
+def _word_minhash(distinct: list[str], code: np.ndarray, cfg: DedupConfig, num_proc: int) -> tuple:
+    """plan_dedup's exact groups (label (D,) of each distinct text, as first_of_texts gives on their
+    normalized texts), normalized lengths and near search with word shingles, normalizing few texts.
+
+    Word shingles are the words of the casefolded text, which whitespace never joins or splits, so
+    the raw texts are shingled (and signed) as their normalized ones, and two texts with the same
+    normalized text have the same shingle hashes in the same order. So the distinct texts are
+    shingled first, and only those whose shingle hashes' sum (and count) another's equals are
+    normalized, to group them exactly: most texts repeat none (normalizing all is ~1/6 of the stage
+    on the tweets). The kept-row rank reads the normalized length of the rows in groups and clusters
+    only, which are normalized when it asks (`_NormalizedLengths`). Each text is casefolded once,
+    for its shingles and, where needed, its normalized text."""
+    folded = list(map(str.casefold, distinct))
+    hashes, offsets = minhash.shingled(folded, cfg, num_proc, normalized=True)  # words need no more
+    counts = np.diff(offsets)  # each text has a shingle: an empty one, that of its empty normalized text
+    key = np.add.reduceat(hashes, offsets[:-1]) + counts.astype(np.uint64) * minhash.GOLD if len(distinct) else counts
+    ordered = np.sort(key)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]  # (ascending) the keys of two or more texts
+    maybe = np.zeros(0, dtype=np.int64)  # the texts with one of those keys, ascending (as first_of_texts wants)
+    if len(repeated):
+        maybe = np.flatnonzero(repeated[np.minimum(np.searchsorted(repeated, key), len(repeated) - 1)] == key)
+    norm = [minhash.normalize_text(folded[i], folded=True) for i in maybe.tolist()]
+    label = np.arange(len(distinct))
+    label[maybe] = maybe[first_of_texts(norm)]
+    length = _NormalizedLengths(folded, code)
+    length.known[maybe] = np.fromiter(map(len, norm), dtype=np.int64, count=len(norm))
 
     def search(reps: np.ndarray):
-        return _near_clusters([norm[i] for i in code[reps].tolist()], cfg, num_proc)
+        at = code[reps]  # the representatives' distinct texts, in the order of `reps`
+        sub = np.zeros(len(at) + 1, dtype=np.int64)
+        np.cumsum(counts[at], out=sub[1:])
+        if (np.diff(at) > 0).all():  # ascending, as they lie in `hashes`: no reordering
+            kept = np.zeros(len(distinct), dtype=bool)
+            kept[at] = True
+            sub_hashes = hashes if len(at) == len(distinct) else hashes[np.repeat(kept, counts)]
+        else:
+            sub_hashes = hashes[minhash._ranges(offsets[at], counts[at])]
+        if not cfg.verify:  # the check estimates Jaccard from the signatures
+            return _near_clusters(*minhash.signed(sub_hashes, sub, cfg, num_proc), cfg)
+        # the exact check needs the shingles only: band keys, no (N, P) signatures in text order
+        b, r = minhash.lsh_params(cfg.threshold, cfg.num_perm, cfg.bands, cfg.rows, cfg.verify)
+        keys, columns, procs = minhash.signed_band_keys(sub_hashes, sub, cfg, b, r, num_proc)
+        unsigned = minhash.Sketch(np.zeros((len(at), 0), dtype=np.uint32), sub_hashes, sub)
+        return _near_clusters(unsigned, procs, cfg, (keys, columns))
 
-    return plan_rows(first_row[first_of_texts(norm)][code], length, cfg, search, ids, texts, protected)
+    return label, length, search
+
+
+class _NormalizedLengths:
+    """The characters of each row's normalized text (`length[rows]`, as a (N,) array is indexed),
+    normalized when first asked: rows (N,) are `folded` (casefolded distinct texts)'s `code`s."""
+
+    def __init__(self, folded: list[str], code: np.ndarray):
+        self.folded, self.code = folded, code
+        self.known = np.full(len(folded), -1, dtype=np.int64)  # -1: not normalized yet
+
+    def __getitem__(self, rows: np.ndarray) -> np.ndarray:
+        at = self.code[rows]
+        new = minhash.sorted_unique(at[self.known[at] < 0])
+        self.known[new] = [len(minhash.normalize_text(self.folded[i], folded=True)) for i in new.tolist()]
+        return self.known[at]
 
 
 def plan_rows(first: np.ndarray, length: np.ndarray, cfg: DedupConfig, near, ids: list[str], texts: list[str],
@@ -324,18 +393,24 @@ def _test_record(rows: int, removed: int, copies: int, cfg: DedupConfig) -> dict
 
 
 def _split_counts(table) -> Counter:
-    return Counter(table.column("source_split").to_pylist())
+    """Rows per source_split value, values in order of first appearance (Arrow counts them in C,
+    as Counter counts the column's Python list: the same counts, nulls as None)."""
+    counts = table.column("source_split").value_counts()
+    return Counter(dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist())))
 
 
 def dedup_lists(ds, cfg: DedupConfig, splits: Splits, report, num_proc: int) -> tuple:
     """The local engine's dedup: plan_dedup on the columns as lists, in this process; the report
     written to `report`. (kept rows, dropped, the plan's stats, (test rows removed, kept within test))."""
     texts, ids = column(ds, TEXT), column(ds, "id")
-    protected, is_test = splits.flags(column(ds, "source_split"))
+    protected, is_test = None, None  # a source without a test split: no row to flag, the column unread
+    if splits.protected is not None or splits.test:
+        protected, is_test = splits.flags(column(ds, "source_split"))
     plan = plan_dedup(texts, ids, cfg, num_proc, protected)
     write_report(plan, texts, ids, report)
     out = ds.select(plan.keep) if len(plan.keep) < ds.num_rows else ds
-    return out, dropped_counts(plan), plan.stats, (int(is_test[plan.removed].sum()), int(plan.stays.sum()))
+    removed_test = int(is_test[plan.removed].sum()) if is_test is not None else 0
+    return out, dropped_counts(plan), plan.stats, (removed_test, int(plan.stays.sum()))
 
 
 def dedup(ds, cfg: DedupConfig, ctx: StageContext) -> StageResult:

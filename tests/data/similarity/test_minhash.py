@@ -58,6 +58,10 @@ def test_normalize_text_is_casefold_split_join_for_every_kind_of_space():
     splits = [chr(c) for c in range(sys.maxunicode + 1) if len(f"a{chr(c)}b".split()) == 2]
     assert sorted(splits) == sorted(" " + shingling._OTHER_SPACES)
     assert [c for c in splits if c.isprintable()] == [" "]
+    # and what folded=True relies on: casefolding is idempotent (character by character, so for texts)
+    assert all(chr(c).casefold().casefold() == chr(c).casefold() for c in range(sys.maxunicode + 1))
+    for t in texts:
+        assert minhash.normalize_text(t.casefold(), folded=True) == minhash.normalize_text(t)
 
 
 @pytest.mark.parametrize("unit,n", [("word", 3), ("word", 1), ("char", 5), ("char", 2)])
@@ -118,6 +122,42 @@ def test_signatures_in_chunks_equal_the_definition_with_empty_and_long_texts(mon
     assert minhash.signatures_from_hashes(hashes[:0], np.zeros(3, dtype=np.int64), 16, 3).shape == (2, 16)
 
 
+@pytest.mark.parametrize("positions, block", [(5, 16 * 4), (64, 16 * 3), (10**6, 1 << 19), (0, 1 << 19)])
+def test_signatures_by_position_and_by_run_equal_the_definition(monkeypatch, positions, block):
+    """Texts of at most `positions` shingles signed by position, in blocks of `block` // 16 texts,
+    the longer ones by run: every mix of the two ways gives the definition's signatures, and
+    numpy's ufunc buffer is set back after."""
+    rng = np.random.default_rng(5)
+    lengths = np.concatenate([rng.integers(0, 80, 300), [0, 1, 1, 200, 65, 64, 63, 0]])
+    hashes = rng.integers(0, 2**63, int(lengths.sum()), dtype=np.uint64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    monkeypatch.setattr(minhash, "_POSITIONS", positions)
+    monkeypatch.setattr(minhash, "_POSITION_BLOCK", block)
+    monkeypatch.setattr(minhash, "_SIGNATURE_BLOCK", 16 * 50)
+    buffer = np.getbufsize()
+    sig = minhash.signatures_from_hashes(hashes, offsets, 16, seed=3)
+    assert np.getbufsize() == buffer
+    np.testing.assert_array_equal(sig, slow_signatures(hashes, offsets, 16, seed=3))
+    assert sig.T.flags.c_contiguous  # permutation-major, as the band keys read it
+    for bands, rows in ((5, 3), (8, 2), (16, 1)):
+        keys, order = minhash.band_keys_from_hashes(hashes, offsets, 16, 3, bands, rows)
+        assert sorted(order.tolist()) == list(range(len(lengths)))
+        np.testing.assert_array_equal(keys, minhash._band_keys(np.ascontiguousarray(sig), bands, rows)[:, order])
+        np.testing.assert_array_equal(minhash.candidates_of_keys(keys, order), minhash.band_candidates(sig, bands, rows))
+
+
+def test_signed_band_keys_in_two_processes_equal_one():
+    cfg = DedupConfig(num_perm=32)
+    hashes, offsets = minhash.shingle_hashes(make_texts(2 * minhash._MIN_DOCS_PER_PROC + 10, words=10), "word", 3)
+    one, texts1, procs1 = minhash.signed_band_keys(hashes, offsets, cfg, 8, 4, num_proc=1)
+    two, texts2, procs2 = minhash.signed_band_keys(hashes, offsets, cfg, 8, 4, num_proc=2)
+    assert (procs1, procs2) == (1, 2)
+    sk, _ = minhash.signed(hashes, offsets, cfg, num_proc=2)
+    for keys, texts in ((one, texts1), (two, texts2)):
+        np.testing.assert_array_equal(keys, minhash._band_keys(sk.sig, 8, 4)[:, texts])
+        np.testing.assert_array_equal(minhash.candidates_of_keys(keys, texts), minhash.band_candidates(sk.sig, 8, 4))
+
+
 def test_jaccard_estimate_within_binomial_tolerance():
     """Under min-wise hashing the share of equal signature values is Binomial(P, J) / P, standard
     deviation sqrt(J(1-J)/P) (<= 0.031 at P=256); 4 deviations (plus half a step) fail with
@@ -165,6 +205,15 @@ def test_band_candidates_are_the_pairs_sharing_a_band(bands, rows):
     assert got.tolist() == sharing_a_band(sig, bands, rows) and len(got) > 20
 
 
+@pytest.mark.parametrize("n", [200, 100_000])  # codes in 32 bits, and in 64 (n * n > 2^32)
+def test_pair_codes_are_the_pairs_within_groups(n):
+    rng = np.random.default_rng(n)
+    sizes = rng.integers(2, 12, 40)
+    members = np.concatenate([np.sort(rng.choice(n, s, replace=False)) for s in sizes])
+    pairs = minhash._pairs_within_groups(members, sizes)
+    np.testing.assert_array_equal(minhash._pair_codes(members, sizes, n), pairs[:, 0] * n + pairs[:, 1])
+
+
 def test_band_candidates_keep_each_band_apart_where_sorted_keys_meet():
     """Band 0's largest key equal to band 1's smallest (the same values in both): no pair across."""
     values = np.arange(1, 200, dtype=np.uint32)
@@ -207,6 +256,22 @@ def test_exact_jaccard_in_small_blocks_and_shared_sets(monkeypatch):
     np.testing.assert_array_equal(sets.jaccard(pairs), minhash.exact_jaccard(sk, pairs))
     np.testing.assert_allclose(sets.jaccard(pairs[::-1]), expected[::-1])
     assert len(minhash.exact_jaccard(sk, np.zeros((0, 2), dtype=np.int64))) == 0
+
+
+@pytest.mark.parametrize("merged_run", [0, 10**9])
+def test_exact_jaccard_with_either_sort_and_wide_keys(monkeypatch, merged_run):
+    """The merge sort (timsort) or the quicksort, and 64-bit keys (more shingles than 32-bit keys
+    hold with a block of pairs): the same answers."""
+    cfg = DedupConfig()
+    texts = make_texts(40, words=12) + [edit(t, [2, 7]) for t in make_texts(40, words=12)] + HORRIBLE
+    sk, _ = minhash.sketch(texts, cfg)
+    pairs = np.array([(i, j) for i in range(len(texts)) for j in range(i + 1, len(texts)) if (i * j) % 5 == 2])
+    expected = [jaccard(texts[i], texts[j], cfg) for i, j in pairs.tolist()]
+    monkeypatch.setattr(minhash, "_MERGED_RUN", merged_run)
+    sets = minhash.ShingleSets(sk, pairs)
+    np.testing.assert_allclose(sets.jaccard(pairs), expected)
+    sets.bits = 30  # ranks still fit: the keys no longer do in 32 bits
+    np.testing.assert_allclose(sets.jaccard(pairs), expected)
 
 
 def test_exact_jaccard_when_hashes_differ_in_their_low_bits_only():

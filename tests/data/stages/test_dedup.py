@@ -250,6 +250,28 @@ def test_repeated_ids_raw_copies_and_awkward_strings_equal_the_slow_reference(tm
     assert result.data["id"] == [ids[i] for i in keep] and len(lines) >= 3
 
 
+@pytest.mark.parametrize("cfg", [DedupConfig(method="minhash", threshold=0.5),
+                                 DedupConfig(method="minhash", threshold=0.7, ngram=1, verify=False),
+                                 DedupConfig(method="minhash", threshold=0.5, shingle="char", ngram=3)],
+                         ids=["word3", "word1-estimate", "char3"])
+def test_texts_with_the_same_shingles_but_other_normalized_texts_equal_the_slow_reference(tmp_path, cfg):
+    """With word shingles the stage normalizes only texts whose shingle hashes (their sum) repeat:
+    texts with the same words but other punctuation, spacing, case or word order, texts without a
+    word and texts shorter than n words must still group exactly as their normalized texts do."""
+    texts, _ = tangled()
+    base = texts[7]
+    words = base.split()
+    texts += [base.replace(" ", ", ", 3), base.replace(" ", " - ", 2), base.upper(), "  " + base + "\t",
+              "\n".join(words), " ".join(words[::-1]), " ".join(words[1:] + words[:1]),
+              "!!", "! !", " !! ", "", "   ", "?", "\u2003?\u3000", "Two words", "two, words", "TWO  WORDS",
+              "Straße STRASSE", "strasse straße", "STRASSE  STRASSE", "one", "One.", "o n e"]
+    ids = [f"id{k:04d}" for k in range(len(texts))]
+    keep, lines = reference_plan(texts, ids, cfg)
+    result = dedup(dataset(texts, ids), cfg, StageContext(out_dir=tmp_path))
+    assert (tmp_path / REPORT).read_text(encoding="utf-8") == "".join(lines)
+    assert result.data["id"] == [ids[i] for i in keep]
+
+
 @pytest.mark.parametrize("cfg", [DedupConfig(method="minhash", threshold=0.5), DedupConfig(method="exact")],
                          ids=["t0.5", "exact"])
 def test_keep_test_whole_plan_and_report_equal_the_slow_reference(tmp_path, cfg):
