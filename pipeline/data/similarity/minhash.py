@@ -72,8 +72,9 @@ def _fmix32(h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """MurmurHash3's 32-bit finalizer, as datasketch applies it before its permutations: into `out`
     (a new array unless given; may be h itself), in blocks that stay in cache with one small
     scratch array (fresh memory costs a page fault per 4 KiB here, more than the arithmetic)."""
-    out = h.copy() if out is None else out
-    if out is not h:
+    if out is None:
+        out = h.copy()
+    elif out is not h:
         np.copyto(out, h)
     shifted = np.empty(min(len(out), _FMIX_BLOCK), dtype=np.uint32)
     for s in range(0, len(out), _FMIX_BLOCK):
