@@ -232,7 +232,8 @@ class TrainConfig:
                                "accuracy, macro_f1, loss)")
     log_every: int = opt(10, "log training metrics every N steps", bounds="[1, inf)")
     release_memory_every: int = opt(10, "hand the heap's free pages back to the system every N steps (glibc "
-                                    "malloc_trim; 0 = never): keeps the resident size flat when batch shapes vary",
+                                    "malloc_trim; 0 = never, and glibc's defaults): keeps the resident size flat "
+                                    "when batch shapes vary; between releases freed pages are kept for the next step",
                                     bounds="[0, inf)")
     nan_policy: str = opt("skip", "non-finite loss or gradient: skip the update, or halt", ("skip", "halt"))
     max_nan_in_a_row: int = opt(5, "halt after this many skipped updates in a row", bounds="[1, inf)")

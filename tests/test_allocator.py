@@ -51,3 +51,46 @@ def test_freed_heap_pages_stay_resident_until_released():
 def test_release_is_a_no_op_without_glibc(monkeypatch):
     monkeypatch.setattr(allocator, "_glibc", lambda: None)
     assert allocator.release_free_heap() is False
+
+
+HOLD_PROBE = textwrap.dedent("""
+    import ctypes, resource, sys
+    from pipeline.allocator import hold_freed_memory, release_free_heap
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    held = hold_freed_memory() if sys.argv[1] == "hold" else False
+    size = 48 * 2**20                                      # a MiniLM word-embedding gradient: above glibc's 32 MiB mmap ceiling
+    def faults_of_a_step():
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        block = libc.malloc(size)
+        ctypes.memset(block, 1, size)
+        libc.free(block)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    faults_of_a_step()                                     # the first step faults its pages in, held or not
+    steps = [faults_of_a_step() for _ in range(3)]
+    release_free_heap()
+    print(held, max(steps), faults_of_a_step())
+""")
+
+
+@pytest.mark.skipif(allocator._glibc() is None, reason="glibc's malloc only")
+def test_held_memory_is_not_faulted_in_again_each_step_until_released():
+    def run(mode: str) -> tuple[str, int, int]:
+        out = subprocess.run([sys.executable, "-c", HOLD_PROBE, mode], capture_output=True, text=True, check=True,
+                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+        held, steps, after_release = out.stdout.split()
+        return held, int(steps), int(after_release)
+
+    pages = 48 * 2**20 // 4096
+    held, steps, after_release = run("glibc")
+    assert held == "False" and steps > pages // 2  # its own mapping each time: every page faulted in again
+    held, steps, after_release = run("hold")
+    assert held == "True" and steps < 100  # the freed block's pages are the next one's
+    assert after_release > pages // 2  # release_free_heap handed them back
+
+
+def test_hold_is_a_no_op_without_glibc(monkeypatch):
+    monkeypatch.setattr(allocator, "_glibc", lambda: None)
+    assert allocator.hold_freed_memory() is False

@@ -76,6 +76,8 @@ def _run(s: Setup, st: TrainState, stop: signals.StopFlag) -> int:
     anomaly_mode = torch.autograd.detect_anomaly(check_nan=True) if t.detect_anomaly else contextlib.nullcontext()
     if st.step == 0 and s.task.samples is not None and acc.is_main_process:  # the model before training: a baseline
         _write_samples(s, 0, s.task.samples(acc.unwrap_model(s.model), s.tok, s.cfg, 0))
+    if t.release_memory_every:  # freed pages kept for the next step between releases (pipeline/allocator.py)
+        allocator.hold_freed_memory()
     s.model.train()
     while code is None and st.step < s.total_steps:
         for batch, weight in _weighted(s, _epoch_batches(s, st)):
