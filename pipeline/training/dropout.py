@@ -39,7 +39,8 @@ def keep_mask(shape: torch.Size, p: float) -> torch.Tensor:
     with torch.profiler.record_function("cpu_dropout::keep_mask"):  # numpy's time, named in a torch profile
         seed = int(torch.empty((), dtype=torch.int64).random_())
         uniform = np.random.SFC64(seed).random_raw((n + 1) // 2).view(np.uint32)[:n]
-        return torch.from_numpy(uniform < np.uint32(round((1.0 - p) * 2**32))).view(shape)
+        threshold = min(round((1.0 - p) * 2**32), 2**32 - 1)  # p below 2^-33 would round to 2^32, past uint32
+        return torch.from_numpy(uniform < np.uint32(threshold)).view(shape)
 
 
 class CpuDropout(nn.Dropout):

@@ -43,6 +43,12 @@ def test_torchs_rng_state_decides_the_mask():
     assert not torch.equal(keep_mask(torch.Size([64, 33, 384]), 0.1), a)
 
 
+def test_a_tiny_p_keeps_nearly_everything():
+    """round((1 - p) * 2^32) is 2^32 for p below 2^-33, one past uint32: the threshold stops at 2^32 - 1."""
+    torch.manual_seed(0)
+    assert keep_mask(torch.Size([1000, 1000]), 1e-12).all()
+
+
 def test_the_gradient_goes_through_the_same_mask_with_the_same_scale():
     torch.manual_seed(0)
     x = (torch.rand(32, 33, 384) + 0.5).requires_grad_()
