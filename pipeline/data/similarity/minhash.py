@@ -38,6 +38,7 @@ from pipeline.data.similarity.shingling import (  # noqa: F401 - part of this mo
     _ranges,
     fmix64,
     normalize_text,
+    normalized_lengths,
     shingle_hashes,
     shingles,
     text_hashes,

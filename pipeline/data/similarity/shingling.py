@@ -41,6 +41,30 @@ def normalize_text(text: str, folded: bool = False) -> str:
     return folded.strip(" ")
 
 
+@functools.cache
+def _bmp_spaces() -> np.ndarray:
+    """(65536,) bool: the characters `normalize_text` turns into a space (all in the BMP)."""
+    table = np.zeros(65536, dtype=bool)
+    table[[ord(c) for c in " " + _OTHER_SPACES]] = True
+    return table
+
+
+def normalized_lengths(texts: list[str], folded: bool = False) -> np.ndarray:
+    """(N,) `len(normalize_text(t, folded))` of each text, without making the normalized texts: a
+    normalized text is its words (runs of non-space characters) joined by one space, so its length
+    is its non-space characters plus its words less one. In numpy over the code points of all the
+    texts at once (~1/10 of the cost of normalizing them one by one)."""
+    if not texts:
+        return np.zeros(0, dtype=np.int64)
+    cp, starts = _spaced_code_points(texts if folded else list(map(str.casefold, texts)))
+    space = _bmp_spaces().take(cp, mode="clip")  # U+FFFF, where higher ones clip to, is no space
+    word_start = np.zeros(len(cp), dtype=bool)
+    word_start[1:] = space[:-1] & ~space[1:]
+    bounds = starts[:-1] - 1  # each text's leading space: no text's span is empty
+    solid = np.add.reduceat(~space, bounds, dtype=np.int64)
+    return solid + np.maximum(np.add.reduceat(word_start, bounds, dtype=np.int64) - 1, 0)
+
+
 def shingles(text: str, unit: str, n: int) -> list[str]:
     """The shingles of one text as strings: the readable definition `shingle_hashes` implements."""
     if unit == "char":
@@ -157,8 +181,17 @@ def text_hashes(texts: list[str]) -> np.ndarray:
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenation of arange(s, s + l) for each start s and length l, without a Python loop."""
-    return np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+    """Concatenation of arange(s, s + l) for each start s and length l, without a Python loop: the
+    running sum of steps of 1, each range's first step a jump from the previous range's last value
+    (one pass over the output, ~2x faster than a repeat of the starts plus an arange)."""
+    ends = np.cumsum(lengths)
+    out = np.ones(int(ends[-1]) if len(ends) else 0, dtype=np.result_type(starts, lengths, np.int64))
+    some = lengths > 0
+    first, lo, hi = (ends - lengths)[some], starts[some], (starts + lengths)[some]
+    if len(first):
+        out[first[0]] = lo[0]
+        out[first[1:]] = lo[1:] - hi[:-1] + 1
+    return np.cumsum(out, out=out)
 
 
 def _word_spans(cp: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

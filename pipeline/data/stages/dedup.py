@@ -255,7 +255,7 @@ def _word_minhash(distinct: list[str], code: np.ndarray, cfg: DedupConfig, num_p
 
 class _NormalizedLengths:
     """The characters of each row's normalized text (`length[rows]`, as a (N,) array is indexed),
-    normalized when first asked: rows (N,) are `folded` (casefolded distinct texts)'s `code`s."""
+    counted when first asked (`normalized_lengths`): rows (N,) are `folded` (casefolded distinct texts)'s `code`s."""
 
     def __init__(self, folded: list[str], code: np.ndarray):
         self.folded, self.code = folded, code
@@ -264,7 +264,7 @@ class _NormalizedLengths:
     def __getitem__(self, rows: np.ndarray) -> np.ndarray:
         at = self.code[rows]
         new = minhash.sorted_unique(at[self.known[at] < 0])
-        self.known[new] = [len(minhash.normalize_text(self.folded[i], folded=True)) for i in new.tolist()]
+        self.known[new] = minhash.normalized_lengths([self.folded[i] for i in new.tolist()], folded=True)
         return self.known[at]
 
 

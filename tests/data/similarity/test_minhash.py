@@ -62,6 +62,13 @@ def test_normalize_text_is_casefold_split_join_for_every_kind_of_space():
     assert all(chr(c).casefold().casefold() == chr(c).casefold() for c in range(sys.maxunicode + 1))
     for t in texts:
         assert minhash.normalize_text(t.casefold(), folded=True) == minhash.normalize_text(t)
+    # normalized_lengths counts what normalize_text makes, folded or not, one text or many
+    every = texts + [t.upper() for t in texts] + ["", " ", "\U0001F600 \U0001F600", "x"]
+    want = [len(minhash.normalize_text(t)) for t in every]
+    assert minhash.normalized_lengths(every).tolist() == want
+    assert minhash.normalized_lengths([t.casefold() for t in every], folded=True).tolist() == want
+    assert [minhash.normalized_lengths([t]).tolist() for t in every] == [[n] for n in want]
+    assert minhash.normalized_lengths([]).tolist() == []
 
 
 @pytest.mark.parametrize("unit,n", [("word", 3), ("word", 1), ("char", 5), ("char", 2)])
@@ -78,6 +85,16 @@ def test_shingle_hashes_agree_with_shingle_strings(unit, n):
     again = minhash.shingle_hashes([minhash.normalize_text(t) for t in texts], unit, n, normalized=True)
     np.testing.assert_array_equal(again[0], hashes)
     np.testing.assert_array_equal(again[1], offsets)
+
+
+def test_ranges_concatenate_aranges_with_empty_ones_anywhere():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        k = int(rng.integers(0, 12))
+        starts, lengths = rng.integers(0, 50, k), rng.integers(0, 4, k)
+        want = [i for s, n in zip(starts.tolist(), lengths.tolist()) for i in range(s, s + n)]
+        got = shingling._ranges(starts, lengths)
+        assert got.tolist() == want and got.dtype == np.int64
 
 
 def test_text_hashes_equal_exactly_for_equal_texts():
