@@ -10,7 +10,7 @@ import pytest
 from datasketch import LeanMinHash, MinHash, MinHashLSH
 
 from pipeline.config import DedupConfig
-from pipeline.data.similarity import minhash, shingling
+from pipeline.data.similarity import minhash, shingling, signatures
 
 HORRIBLE = [
     "  Hello \t World  ", "", "   ", "!!!", "a\u2003b\n\nc ", "Straße STRASSE ẞ", "x",
@@ -118,7 +118,7 @@ def test_signatures_are_bit_identical_to_datasketch():
 def slow_signatures(hashes: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int) -> np.ndarray:
     """The definition: per text, the minimum over its shingles of every permutation (uint64 math)."""
     a, b = (x.astype(np.uint64) for x in minhash.permutations(num_perm, seed))
-    h = minhash._fmix32(minhash.hash32(hashes)).astype(np.uint64)
+    h = signatures._fmix32(minhash.hash32(hashes)).astype(np.uint64)
     sig = np.full((len(offsets) - 1, num_perm), 0xFFFFFFFF, dtype=np.uint64)
     for d in range(len(offsets) - 1):
         for x in h[offsets[d] : offsets[d + 1]].tolist():
@@ -132,7 +132,7 @@ def test_signatures_in_chunks_equal_the_definition_with_empty_and_long_texts(mon
     lengths = [0, 3, 1, 0, 0, 250, 7, 4, 0, 1, 33, 0]  # empty texts inside, at the end, across chunk edges
     hashes = rng.integers(0, 2**63, sum(lengths), dtype=np.uint64)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    monkeypatch.setattr(minhash, "_SIGNATURE_BLOCK", block)
+    monkeypatch.setattr(signatures, "_SIGNATURE_BLOCK", block)
     sig = minhash.signatures_from_hashes(hashes, offsets, 16, seed=3)
     np.testing.assert_array_equal(sig, slow_signatures(hashes, offsets, 16, seed=3))
     assert (sig[[0, 3, 4, 8, 11]] == 0xFFFFFFFF).all()  # empty: datasketch's empty MinHash values
@@ -148,9 +148,9 @@ def test_signatures_by_position_and_by_run_equal_the_definition(monkeypatch, pos
     lengths = np.concatenate([rng.integers(0, 80, 300), [0, 1, 1, 200, 65, 64, 63, 0]])
     hashes = rng.integers(0, 2**63, int(lengths.sum()), dtype=np.uint64)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    monkeypatch.setattr(minhash, "_POSITIONS", positions)
-    monkeypatch.setattr(minhash, "_POSITION_BLOCK", block)
-    monkeypatch.setattr(minhash, "_SIGNATURE_BLOCK", 16 * 50)
+    monkeypatch.setattr(signatures, "_POSITIONS", positions)
+    monkeypatch.setattr(signatures, "_POSITION_BLOCK", block)
+    monkeypatch.setattr(signatures, "_SIGNATURE_BLOCK", 16 * 50)
     buffer = np.getbufsize()
     sig = minhash.signatures_from_hashes(hashes, offsets, 16, seed=3)
     assert np.getbufsize() == buffer
@@ -159,7 +159,7 @@ def test_signatures_by_position_and_by_run_equal_the_definition(monkeypatch, pos
     for bands, rows in ((5, 3), (8, 2), (16, 1)):
         keys, order = minhash.band_keys_from_hashes(hashes, offsets, 16, 3, bands, rows)
         assert sorted(order.tolist()) == list(range(len(lengths)))
-        np.testing.assert_array_equal(keys, minhash._band_keys(np.ascontiguousarray(sig), bands, rows)[:, order])
+        np.testing.assert_array_equal(keys, minhash.band_keys(np.ascontiguousarray(sig), bands, rows)[:, order])
         np.testing.assert_array_equal(minhash.candidates_of_keys(keys, order), minhash.band_candidates(sig, bands, rows))
 
 
@@ -171,7 +171,7 @@ def test_signed_band_keys_in_two_processes_equal_one():
     assert (procs1, procs2) == (1, 2)
     sk, _ = minhash.signed(hashes, offsets, cfg, num_proc=2)
     for keys, texts in ((one, texts1), (two, texts2)):
-        np.testing.assert_array_equal(keys, minhash._band_keys(sk.sig, 8, 4)[:, texts])
+        np.testing.assert_array_equal(keys, minhash.band_keys(sk.sig, 8, 4)[:, texts])
         np.testing.assert_array_equal(minhash.candidates_of_keys(keys, texts), minhash.band_candidates(sk.sig, 8, 4))
 
 
@@ -234,7 +234,7 @@ def test_pair_codes_are_the_pairs_within_groups(n):
 def test_band_candidates_keep_each_band_apart_where_sorted_keys_meet():
     """Band 0's largest key equal to band 1's smallest (the same values in both): no pair across."""
     values = np.arange(1, 200, dtype=np.uint32)
-    keys = minhash._band_keys(values[:, None], 1, 1)[0]
+    keys = minhash.band_keys(values[:, None], 1, 1)[0]
     u, v, w, x = values[np.argsort(keys)[[0, 50, 100, 150]]]  # increasing keys
     sig = np.array([[v, w], [v, x], [u, v]], dtype=np.uint32)  # band 0 sorted: u v v; band 1: v w x
     assert minhash.band_candidates(sig, 2, 1).tolist() == [[0, 1]]
@@ -245,7 +245,7 @@ def test_band_keys_differ_for_bands_differing_in_one_value():
     sig = rng.integers(0, 2**32, size=(500, 8), dtype=np.uint32)
     changed = sig.copy()
     changed[np.arange(500), rng.integers(0, 8, 500)] ^= rng.integers(1, 2**32, 500, dtype=np.uint32)
-    assert not (minhash._band_keys(sig, 1, 8) == minhash._band_keys(changed, 1, 8)).any()
+    assert not (minhash.band_keys(sig, 1, 8) == minhash.band_keys(changed, 1, 8)).any()
 
 
 def test_sorted_unique_is_np_unique():

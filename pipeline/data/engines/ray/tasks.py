@@ -52,7 +52,7 @@ def _sketch_block(texts: list[str], at: np.ndarray, cfg: Any, bands: int, rows: 
     `at` (M,) the texts' global indices, ascending (dedup sketches some of a block's rows, so the
     block's rows travel beside its Sketch: _take_rows maps global rows to sketch positions with it)."""
     sk = minhash._sketch_chunk(texts, cfg.shingle, cfg.ngram, cfg.num_perm, cfg.seed, normalized)
-    keys = minhash._band_keys(sk.sig, bands, rows)  # (bands, m)
+    keys = minhash.band_keys(sk.sig, bands, rows)  # (bands, m)
     band = np.repeat(np.arange(bands, dtype=U64), len(texts))
     row = np.tile(np.asarray(at, dtype=U64), bands)
     triples = np.stack([band, keys.ravel(), row], axis=1)
