@@ -57,12 +57,12 @@ def normalized_lengths(texts: list[str], folded: bool = False) -> np.ndarray:
     if not texts:
         return np.zeros(0, dtype=np.int64)
     cp, starts = _spaced_code_points(texts if folded else list(map(str.casefold, texts)))
-    space = _bmp_spaces().take(cp, mode="clip")  # U+FFFF, where higher ones clip to, is no space
+    solid = ~_bmp_spaces().take(cp, mode="clip")  # U+FFFF, where higher ones clip to, is no space
     word_start = np.zeros(len(cp), dtype=bool)
-    word_start[1:] = space[:-1] & ~space[1:]
+    word_start[1:] = solid[1:] & ~solid[:-1]
     bounds = starts[:-1] - 1  # each text's leading space: no text's span is empty
-    solid = np.add.reduceat(~space, bounds, dtype=np.int64)
-    return solid + np.maximum(np.add.reduceat(word_start, bounds, dtype=np.int64) - 1, 0)
+    words = np.add.reduceat(word_start, bounds, dtype=np.int64)
+    return np.add.reduceat(solid, bounds, dtype=np.int64) + np.maximum(words - 1, 0)
 
 
 def shingles(text: str, unit: str, n: int) -> list[str]:
@@ -187,10 +187,8 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     ends = np.cumsum(lengths)
     out = np.ones(int(ends[-1]) if len(ends) else 0, dtype=np.result_type(starts, lengths, np.int64))
     some = lengths > 0
-    first, lo, hi = (ends - lengths)[some], starts[some], (starts + lengths)[some]
-    if len(first):
-        out[first[0]] = lo[0]
-        out[first[1:]] = lo[1:] - hi[:-1] + 1
+    jump = starts[some] - np.concatenate(([0], (starts + lengths)[some][:-1] - 1))  # from the value before
+    out[(ends - lengths)[some]] = jump
     return np.cumsum(out, out=out)
 
 
