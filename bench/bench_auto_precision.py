@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pipeline.accel import NATIVE_BF16_VAR, describe_cpu  # noqa: E402
-from pipeline.config import load_config  # noqa: E402
+from pipeline.checks import load_config  # noqa: E402
 
 
 def _run(*argv: str) -> float:

@@ -150,8 +150,9 @@ def main() -> None:
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from pipeline import tasks
     from pipeline.accel import cpu_has_native_bf16, describe_cpu
-    from pipeline.config import load_config
+    from pipeline.checks import load_config
     from pipeline.data.prepared import load_prepared
 
     final = trained_model(Path(args.out), args.train_steps)
@@ -159,7 +160,7 @@ def main() -> None:
     eager = AutoModelForSequenceClassification.from_pretrained(final, attn_implementation="eager").eval()
     tokenizer = AutoTokenizer.from_pretrained(final)
     cfg = load_config(REPO / "configs" / "default.yaml", [f"output_dir={args.out}"])
-    test = load_prepared(cfg).splits["test"]
+    test = load_prepared(cfg, tasks.get(cfg.task)).splits["test"]
     labels = np.asarray(test["label"][:])
     native = cpu_has_native_bf16()
     b = args.batch_size

@@ -28,7 +28,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.config import load_config  # noqa: E402
+from pipeline import tasks
+from pipeline.checks import load_config  # noqa: E402
 from pipeline.data.io import pair  # noqa: E402
 from pipeline.data.prepared import load_prepared  # noqa: E402
 
@@ -114,7 +115,7 @@ def main() -> None:
     p.add_argument("overrides", nargs="*", help="section.key=value, as the pipeline's commands take them")
     args = p.parse_args()
     cfg = load_config(args.config, args.overrides)
-    prep = load_prepared(cfg, args.config)
+    prep = load_prepared(cfg, tasks.get(cfg.task), args.config)
     train, validation, test = (prep.splits[s].select_columns(["text", "label"])[:] for s in ("train", "validation", "test"))
     rows = BASELINES[cfg.task](train, test, cfg, validation)
     report = cfg.run_dir / "eval" / "test-final" / "metrics.json"

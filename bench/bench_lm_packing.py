@@ -24,7 +24,8 @@ sys.path.insert(0, str(ROOT))
 def main() -> None:
     import torch
 
-    from pipeline.config import load_config
+    from pipeline import tasks
+    from pipeline.checks import load_config
     from pipeline.data import runner
     from pipeline.data.prepared import load_prepared
     from pipeline.tasks.causal_lm.collate import Collator
@@ -39,8 +40,8 @@ def main() -> None:
     args = ap.parse_args()
 
     cfg = load_config(ROOT / "configs" / "shakespeare.yaml", [f"output_dir={args.out}"])
-    runner.run(cfg, progress=False)
-    prep = load_prepared(cfg)
+    runner.run(cfg, tasks.get(cfg.task), progress=False)
+    prep = load_prepared(cfg, tasks.get(cfg.task))
     tok = build.load_tokenizer(prep.tokenizer_dir, cfg.model.from_scratch)
     from pipeline.tasks.causal_lm.model import build_model
 

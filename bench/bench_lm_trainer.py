@@ -64,12 +64,13 @@ def run_trainer(out: Path, steps: int, warmup: int) -> dict:
         set_seed,
     )
 
-    from pipeline.config import load_config
+    from pipeline import tasks
+    from pipeline.checks import load_config
     from pipeline.data.prepared import load_prepared
     from pipeline.tasks.causal_lm.model import build_model
 
     cfg = load_config(CONFIG, [f"output_dir={out}"])
-    prep = load_prepared(cfg)
+    prep = load_prepared(cfg, tasks.get(cfg.task))
     tok = AutoTokenizer.from_pretrained(str(prep.tokenizer_dir))
     split_stage = next(p for p in (cfg.data_dir / "stages").iterdir() if p.name.split("-")[1] == "split")
     texts = datasets.load_from_disk(str(split_stage / "data"))["train"]["text"]

@@ -8,7 +8,7 @@ RSS every half second, for each variant of the allocator settings, all side by s
 CPU's drift falls on all alike). Prints the median and the highest RSS (MiB) in every tenth of the run, their growth from
 the first tenth to the last, and the median seconds per step: a leak grows linearly with the steps;
 heap fragmentation from varying batch shapes (glibc's dynamic mmap threshold) goes away when the
-heap's free pages are handed back (pipeline/allocator.py; train.release_memory_every) or with the
+heap's free pages are handed back (pipeline/training/memory.py; train.release_memory_every) or with the
 threshold fixed (MALLOC_MMAP_THRESHOLD_).
 """
 

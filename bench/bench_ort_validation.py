@@ -1,5 +1,5 @@
 """Seconds per validation with eval.runtime=onnxruntime (eval.precision int8 by default), as training
-runs it: `training.evaluation.evaluate` on the validation split, scratch = a run directory, the weights
+runs it: `training.validation.validate` on the validation split, scratch = a run directory, the weights
 changed between validations (a small random nudge of every parameter, as a training step moves them).
 
 The first validation of a run exports (since issue 23: builds the run's template, two probe exports);
@@ -45,13 +45,13 @@ def main() -> None:
 
     from pipeline import tasks
     from pipeline.accel import describe_cpu
-    from pipeline.config import load_config
+    from pipeline.checks import load_config
     from pipeline.data.prepared import load_prepared
     from pipeline.inference.backends import for_inference
-    from pipeline.training.evaluation import evaluate
+    from pipeline.training.validation import validate
 
     cfg = load_config(a.config, a.overrides)
-    prep = load_prepared(cfg, a.config)
+    prep = load_prepared(cfg, tasks.get(cfg.task), a.config)
     val = prep.splits["validation"]
     names = prep.info["label_names"]
     source = a.model or cfg.run_dir / "final"
@@ -70,7 +70,7 @@ def main() -> None:
                     p.add_(torch.randn_like(p), alpha=1e-3)
             model.train()
             start = time.perf_counter()
-            m = evaluate(acc, model, val, cfg.eval.batch_size, task, prep.info, a.precision, "onnxruntime", run_dir)
+            m = validate(acc, model, val, cfg.eval.batch_size, task, prep.info, a.precision, "onnxruntime", run_dir)
             times.append(time.perf_counter() - start)
             # what the validation paid before predicting (export, or weights into the template; session), alone
             start = time.perf_counter()

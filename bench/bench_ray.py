@@ -166,11 +166,12 @@ def save_corpus(texts: list[str], ids: list[str], path: Path) -> Path:
 
 def tweets(tmp: Path) -> Path:
     """The embedded corpus as the dedup stage sees it: the default config's clean stage output."""
-    from pipeline.config import load_config
+    from pipeline import tasks
+    from pipeline.checks import load_config
     from pipeline.data import runner
 
     cfg = load_config(None, [f"output_dir={tmp / 'tweets-prep'}", "prepare.engine=local"])
-    runner.run(cfg, progress=False)
+    runner.run(cfg, tasks.get(cfg.task), progress=False)
     clean_dir = next(p for p in (cfg.data_dir / "stages").iterdir() if p.name.startswith("1-clean"))
     ds = runner.load_stage(clean_dir, "clean")
     return save_corpus(ds["text"][:], ds["id"][:], tmp / "corpus-tweets")
@@ -194,10 +195,12 @@ def child(job: dict) -> dict:
     """Time one dedup or one prepare with one engine; its memory peaks and (Ray) the shuffle's bytes."""
     if job.get("repo"):  # --before: another commit's tree, ahead of this checkout's (measure() runs the child
         sys.path.insert(0, job["repo"])  # in that tree, with it as PYTHONPATH, for Ray's workers)
-    from pipeline.config import DedupConfig, RayConfig, load_config
-    from pipeline.data.engines.ray import engine as engine_ray
+    from pipeline import tasks
+    from pipeline.checks import load_config
+    from pipeline.config import DedupConfig, RayConfig
     from pipeline.data import runner
     from pipeline.data.engines.base import StageContext
+    from pipeline.data.engines.ray import engine as engine_ray
     from pipeline.data.stages.dedup import dedup
 
     out, engine, startup, pairs = Path(job["out"]), None, 0.0, {}
@@ -218,7 +221,7 @@ def child(job: dict) -> dict:
         else:
             cfg = load_config(None, [f"output_dir={out}", f"prepare.engine={job['engine']}", *job["overrides"]])
             written = count_writes(runner, mem)
-            report = runner.run(cfg, force=True, progress=False)
+            report = runner.run(cfg, tasks.get(cfg.task), force=True, progress=False)
             docs, pairs = report[0]["rows_out"], {"stage_s": {r["stage"]: r["seconds"] for r in report}}
         secs, cpu = time.perf_counter() - t0, mem.cpu_since(mark)
     traffic = getattr(engine, "traffic", {}) if job["what"] == "dedup" else {}

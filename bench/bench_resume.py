@@ -40,8 +40,8 @@ def big_dataset(out: Path, rows: int) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from pipeline import artifacts
-    from pipeline.config import load_config
+    from pipeline import artifacts, tasks
+    from pipeline.checks import load_config
     from pipeline.data.runner import PREPARED, data_config_fingerprint
 
     rng = np.random.default_rng(0)
@@ -69,7 +69,7 @@ def big_dataset(out: Path, rows: int) -> Path:
     PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]").save_pretrained(str(stage / "tokenizer"))
     artifacts.write_json_atomic(stage / "manifest.json", artifacts.manifest(stage="big"))
     artifacts.write_json_atomic(cfg.data_dir / PREPARED, {
-        "stage_dir": str(stage), "fingerprint": f"big-{rows}", "config_fingerprint": data_config_fingerprint(cfg),
+        "stage_dir": str(stage), "fingerprint": f"big-{rows}", "config_fingerprint": data_config_fingerprint(cfg, tasks.get(cfg.task)),
         "task": "classification", "data_info": {"label_names": ["a", "b", "c"]}})  # prepared.json as prepare writes it
     return config
 
@@ -114,13 +114,14 @@ def skip_by_iteration(config: Path, batches: int) -> float:
     import numpy as np
     from transformers import AutoTokenizer
 
-    from pipeline.config import load_config
+    from pipeline import tasks
+    from pipeline.checks import load_config
     from pipeline.data.prepared import load_prepared
     from pipeline.tasks.classification.collate import Collator
     from pipeline.training import batching
 
     cfg = load_config(config)
-    prep = load_prepared(cfg)
+    prep = load_prepared(cfg, tasks.get(cfg.task))
     train = prep.splits["train"]
     order = batching.epoch_order(np.asarray(train["length"]), 42, 0, 32, True)
     pad = AutoTokenizer.from_pretrained(str(prep.tokenizer_dir)).pad_token_id
@@ -205,8 +206,8 @@ def checkpoint_worker(out: Path, repeats: int) -> None:
     from transformers import AutoModelForSequenceClassification
 
     from pipeline.accel import make_accelerator
-    from pipeline.config import load_config
-    from pipeline.resolve import resolve_pretrained
+    from pipeline.checks import load_config
+    from pipeline.models.pretrained import resolve_pretrained
     from pipeline.training import build, checkpoint, state_io
 
     before = previous_format()

@@ -47,13 +47,14 @@ def base_tree(model: str, rows: int) -> dict:
 
 def prepare(root: Path, tree: dict) -> Path:
     """Run prepare once; return the data directory every variant points at."""
-    from pipeline.config import load_config
+    from pipeline import tasks
+    from pipeline.checks import load_config
     from pipeline.data import runner
 
     tree = {**tree, "output_dir": str(root / "shared")}
     path = root / "prepare.yaml"
     path.write_text(yaml.safe_dump(tree))
-    runner.run(load_config(path), progress=False)
+    runner.run(c := load_config(path), tasks.get(c.task), progress=False)
     return root / "shared" / "data"
 
 

@@ -28,13 +28,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.config import load_config  # noqa: E402
-from pipeline.data.stages import clean  # noqa: E402
-from pipeline.data.stages import dedup
-from pipeline.data.stages import load
-from pipeline.data.stages import split
+from pipeline.checks import load_config  # noqa: E402
 from pipeline.data.engines.base import StageContext  # noqa: E402
 from pipeline.data.engines.ops import unit_hash
+from pipeline.data.stages import (
+    clean,  # noqa: E402
+    dedup,
+    load,
+    split,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ bf16 is emulated and many times slower, so only ours runs, a few steps, labelled
 and, for the equal-settings ratio, in Trainer, in fp32 and (native CPUs) bf16; and ours computing every
 position of its last layer (pipeline/inference/first_token.py computes only the one the head reads), or
 drawing its dropout masks with torch's `bernoulli_` (pipeline/training/dropout.py draws them ~5x faster on a
-CPU), or with glibc's malloc defaults (pipeline/allocator.py keeps freed pages between releases), to show what
+CPU), or with glibc's malloc defaults (pipeline/training/memory.py keeps freed pages between releases), to show what
 each is worth. Every variant of ours pins its precision (fp32 unless it says bf16), as Trainer's do. The
 ratio column is against Trainer with `group_by_length` at the same length and precision, the checkpoint's
 model config as Trainer users run it. The table starts with this CPU's model and flags (pipeline.accel.describe_cpu): keep one table per kind of CPU.
@@ -70,10 +70,10 @@ def build_data(out: Path, rows: int, max_length: int, long: bool, rows_given: li
     import yaml
     from transformers import AutoTokenizer
 
-    from pipeline import artifacts
-    from pipeline.config import load_config
+    from pipeline import artifacts, tasks
+    from pipeline.checks import load_config
     from pipeline.data.runner import PREPARED, data_config_fingerprint
-    from pipeline.resolve import resolve_pretrained
+    from pipeline.models.pretrained import resolve_pretrained
 
     data = rows_given if rows_given is not None else tweets(rows)
     if long:
@@ -99,7 +99,7 @@ def build_data(out: Path, rows: int, max_length: int, long: bool, rows_given: li
     tok.save_pretrained(str(stage / "tokenizer"))
     artifacts.write_json_atomic(stage / "manifest.json", artifacts.manifest(stage="bench"))
     artifacts.write_json_atomic(cfg.data_dir / PREPARED, {
-        "stage_dir": str(stage), "fingerprint": "bench", "config_fingerprint": data_config_fingerprint(cfg),
+        "stage_dir": str(stage), "fingerprint": "bench", "config_fingerprint": data_config_fingerprint(cfg, tasks.get(cfg.task)),
         "task": "classification", "data_info": {"label_names": LABELS}})  # prepared.json as prepare writes it
     return config
 
@@ -107,13 +107,13 @@ def build_data(out: Path, rows: int, max_length: int, long: bool, rows_given: li
 def restamp(config: Path) -> None:
     """Re-stamp prepared.json with the current data-config fingerprint: the bench built this data
     itself, and the fingerprint code may change under a long benchmark in a shared checkout."""
-    from pipeline import artifacts
-    from pipeline.config import load_config
+    from pipeline import artifacts, tasks
+    from pipeline.checks import load_config
     from pipeline.data.runner import PREPARED, data_config_fingerprint
 
     cfg = load_config(config)
     info = artifacts.read_json(cfg.data_dir / PREPARED)
-    info["config_fingerprint"] = data_config_fingerprint(cfg)
+    info["config_fingerprint"] = data_config_fingerprint(cfg, tasks.get(cfg.task))
     artifacts.write_json_atomic(cfg.data_dir / PREPARED, info)
 
 
@@ -126,7 +126,7 @@ GLIBC_DEFAULTS = "bench:glibc_defaults"
 
 
 def run_ours(config: Path, steps: int, warmup: int, batch: int, extra: list[str]) -> dict:
-    from pipeline.config import load_config
+    from pipeline.checks import load_config
     from pipeline.training.loop import train
 
     if WHOLE_LAST_LAYER in extra:  # every position of the last layer, not only the head's
@@ -137,10 +137,10 @@ def run_ours(config: Path, steps: int, warmup: int, batch: int, extra: list[str]
         import pipeline.training.dropout as dropout
 
         dropout.use_cpu_dropout = lambda model: 0
-    if GLIBC_DEFAULTS in extra:  # glibc's own mmap and trim, not pipeline/allocator.py's freed pages kept
-        from pipeline import allocator
+    if GLIBC_DEFAULTS in extra:  # glibc's own mmap and trim, not pipeline/training/memory.py's freed pages kept
+        from pipeline.training import memory
 
-        allocator.hold_freed_memory = lambda: False
+        memory.hold_freed_memory = lambda: False
     extra = [e for e in extra if e not in (WHOLE_LAST_LAYER, TORCH_DROPOUT, GLIBC_DEFAULTS)]
 
     over = [f"train.max_steps={steps + warmup}", f"train.batch_size={batch}", "train.log_every=1",
@@ -166,12 +166,13 @@ def run_trainer(config: Path, steps: int, warmup: int, batch: int, grouped: bool
         TrainingArguments,
     )
 
-    from pipeline.config import load_config
+    from pipeline import tasks
+    from pipeline.checks import load_config
     from pipeline.data.prepared import load_prepared
-    from pipeline.resolve import resolve_pretrained
+    from pipeline.models.pretrained import resolve_pretrained
 
     cfg = load_config(config)
-    prep = load_prepared(cfg)
+    prep = load_prepared(cfg, tasks.get(cfg.task))
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(prep.tokenizer_dir))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 MANIFEST = "manifest.json"
-# a folder's own README.md (final/'s model card, pipeline/card.py) is documentation no loader reads: written after
+# a folder's own README.md (final/'s model card, pipeline/training/card.py) is documentation no loader reads: written after
 # the manifest and rewritten when evaluation adds figures, it is not an unlisted file to check_files
 UNLISTED = frozenset({"README.md"})
 

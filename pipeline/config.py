@@ -3,7 +3,9 @@ dataclass per stage), checked on load; the entry scripts' parser and `--help`.
 
 A YAML file maps one to one onto `Config`; `section.key=value` overrides on the command line
 are parsed as YAML scalars and type-checked. An unknown key or a wrong type raises `ConfigError`
-naming the key (and the closest valid one), before any work starts.
+naming the key (and the closest valid one), before any work starts. `read_config` checks what the
+schema alone decides (each field, and fields against each other); pipeline/checks.py adds the checks
+against the task, sentence pairs and LoRA, and its `load_config` is what every command calls.
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ from typing import Any
 
 import yaml
 
-from pipeline import REPO_ROOT, adapters, tasks
-from pipeline.data.io import pair
+from pipeline import REPO_ROOT
 from pipeline.schema import (  # noqa: F401 - the schema's names, imported from here by the package
     CleanConfig,
     Config,
@@ -242,8 +243,9 @@ def read_yaml(path: Path) -> dict:
     return tree
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
-    """Read a YAML config (default: configs/default.yaml) and apply `key=value` overrides."""
+def read_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
+    """Read a YAML config (default: configs/default.yaml) and apply `key=value` overrides; every field and the
+    fields against each other are checked (pipeline.checks.load_config checks the rest)."""
     path = Path(path) if path else DEFAULT_CONFIG
     tree = read_yaml(path)
     try:  # the file alone first, so that an error it holds is named as the file's
@@ -254,12 +256,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         key, value = parse_override(item)
         _set_dotted(tree, key, value)
     cfg = _build(Config, tree, "")
-    validate(cfg)
+    check_fields(cfg)
     return cfg
 
 
-def validate(cfg: Config) -> None:
-    """Checks across fields; each field's own range is checked as it is read (`_check_allowed`)."""
+def check_fields(cfg: Config) -> None:
+    """Checks across fields of the schema; each field's own range is checked as it is read (`_check_allowed`)."""
     s = cfg.split
     if abs(s.train + s.validation + s.test - 1.0) > 1e-6:
         raise ConfigError(
@@ -299,14 +301,6 @@ def validate(cfg: Config) -> None:
         raise ConfigError("output_dir is empty: name the folder for this experiment's data and run")
     if cfg.source.format != "hub" and not cfg.source.path:
         raise ConfigError("source.path is empty: name the file or folder to read")
-    try:  # sentence pairs; the task's own sections (classification: label, metric_for_best), and peft's
-        pair.check_config(cfg)
-        tasks.get(cfg.task).validate(cfg)
-        adapters.check_config(cfg)
-    except ConfigError:
-        raise
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
 
 
 def _validate_runtime(e: EvalConfig) -> None:
@@ -368,13 +362,9 @@ def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> Config:
-    """Build the config from --config, positional overrides, and flag-derived overrides."""
-    overrides = list(args.overrides)
-    for key, value in (extra or {}).items():
-        if value is not None:
-            overrides.append(f"{key}={value}")
-    return load_config(args.config, overrides)
+def arg_overrides(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> list[str]:
+    """The positional overrides, then the flag-derived ones (`extra`: key -> value, None where a flag is unset)."""
+    return [*args.overrides, *(f"{key}={value}" for key, value in (extra or {}).items() if value is not None)]
 
 
 def override_args(cfg: Config, path: str | Path, sections: tuple[str, ...]) -> list[str]:

@@ -18,8 +18,9 @@ import sys
 if __name__ == "__main__":  # run as a file: put the repository root, not pipeline/, on sys.path
     import _entrypoint  # noqa: F401
 
+from pipeline.checks import config_from_args  # noqa: E402
 from pipeline.cli import quiet_libraries  # noqa: E402
-from pipeline.config import config_from_args, make_parser  # noqa: E402
+from pipeline.config import make_parser  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if metrics is not None:  # the main process reports; the others only helped predict
         print(tasks.get(cfg.task).summary(metrics))
         if args.push_to_hub:
-            from pipeline import card
+            from pipeline.training import card
 
             print(f"uploaded {cfg.run_dir / 'final'} to {card.push(cfg.run_dir / 'final', args.push_to_hub)}")
     return 0

@@ -12,11 +12,13 @@ if __name__ == "__main__":  # run as a file: put the repository root, not pipeli
 
 import sys  # noqa: E402
 
+from pipeline.checks import config_from_args  # noqa: E402
 from pipeline.cli import EXIT_USAGE, quiet_libraries  # noqa: E402
-from pipeline.config import config_from_args, make_parser  # noqa: E402
+from pipeline.config import make_parser  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipeline import tasks
     from pipeline.data import runner
     from pipeline.data.engines.ray import driver
 
@@ -38,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if cfg.prepare.engine == "ray" and not driver.is_driver():  # Ray may end its driver process: watch it
             return driver.supervise(sys.argv[1:] if argv is None else argv)
-        rows = runner.run(cfg, force=args.force, from_stage=args.from_stage, progress=not args.quiet)
+        rows = runner.run(cfg, tasks.get(cfg.task), force=args.force, from_stage=args.from_stage, progress=not args.quiet)
     except runner.StageFailed as e:  # a worker lost for good, Ray gone: one line, and no stage marked complete
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE

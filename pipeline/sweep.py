@@ -1,4 +1,4 @@
-"""Sweep hyperparameters: N trials of train.py over a search space, with Optuna (pipeline/sweeping.py).
+"""Sweep hyperparameters: N trials of train.py over a search space, with Optuna (pipeline/sweeps/study.py).
 
     python pipeline/sweep.py --space configs/sweeps/lr.yaml [--config configs/tiny.yaml] [section.key=value ...]
 
@@ -28,12 +28,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true", help="also the libraries' progress bars and load reports")
     args = parser.parse_args(argv)
     quiet_libraries(args.verbose)
-    from pipeline import sweeping
+    from pipeline import tasks
     from pipeline.data.prepared import load_prepared
+    from pipeline.sweeps import study
 
-    sweep = sweeping.open_sweep(Path(args.space), Path(args.config), list(args.overrides), args.trials, args.storage)
-    load_prepared(sweep.cfg, args.config)  # the trials' data: prepared once, before the first trial
-    return sweeping.run(sweep)
+    sweep = study.open_sweep(Path(args.space), Path(args.config), list(args.overrides), args.trials, args.storage)
+    load_prepared(sweep.cfg, tasks.get(sweep.cfg.task), args.config)  # the trials' data: prepared before the first trial
+    return study.run(sweep)
 
 
 if __name__ == "__main__":

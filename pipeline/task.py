@@ -62,8 +62,26 @@ class Task:
     # class a stratified split keeps in proportion (multilabel: the row's rarest label; regression: the target's
     # quantile bin); it reads what it needs of the rows through engine.reduce. None: the raw label is the stratum
     strata: Callable[..., Any] | None = None
-    # the model card (pipeline/card.py): the hub's pipeline tag, and the headline figures of evaluate.py's
-    # metrics.json as [(hub metric type, name, value)]
+    # the model card (pipeline/training/card.py): the hub's pipeline tag, what the model is ("text classifier"), the
+    # lines that describe the data the task's stages made ((stage manifests by name) -> [markdown line]), and the
+    # headline figures of evaluate.py's metrics.json as [(hub metric type, name, value)]
     pipeline_tag: str = ""
+    model_kind: str = "model"
+    card_data: Callable[[dict], list] = lambda manifests: []
     card_metrics: Callable[[dict], list] = lambda metrics: []
+    # the config sections besides the shared ones (source ... tokenize, model) that shape the task's prepared data
+    # (classification: label; causal_lm: lm): in the split's fingerprint with the task's strata, and repeated by the
+    # prepare command an error suggests
+    sections: tuple[str, ...] = ()
+    # the task reads sentence pairs (source.text_pair_field: a row's text is two texts, pipeline/data/io/pair.py)
+    pairs: bool = False
+    # the most tokens one example of the prepared data holds, what a model's positions must cover: (cfg, data info)
+    # -> int; None: tokenize.max_length (causal_lm: its blocks' lm.block_size, recorded in the data info)
+    max_tokens: Callable[[Any, dict], int] | None = None
+    # k, the width of `outputs`' (rows, k), which a process with no rows to predict still needs for the gather;
+    # 0: a sequence classifier's model.config.num_labels
+    output_width: int = 0
+    # train.attention=auto in bf16 on a CPU: the attention implementation the task's models train faster with there
+    # (classification: eager, measured 1.2-1.4x SDPA's bf16 CPU kernels); "": the model's own
+    cpu_bf16_attention: str = ""
 

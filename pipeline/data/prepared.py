@@ -9,16 +9,18 @@ from typing import Any
 
 from pipeline import artifacts
 from pipeline.config import Config, override_args
+from pipeline.task import Task
 
-# what the prepared data depends on (model: the pretrained tokenizer's name), and where it goes
-DATA_SECTIONS = ("output_dir", "task", "source", "clean", "dedup", "split", "label", "tokenize", "lm", "model")
+# what every task's prepared data depends on (model: the pretrained tokenizer's name), and where it goes; a task's
+# own sections (Task.sections: label, lm) come on top
+DATA_SECTIONS = ("output_dir", "task", "source", "clean", "dedup", "split", "tokenize", "model")
 
 
-def prepare_command(cfg: Config, config_path: str) -> str:
+def prepare_command(cfg: Config, task: Task, config_path: str) -> str:
     """The prepare command that makes `cfg`'s data: its file plus the user's overrides of it."""
     args = ["python", "pipeline/prepare.py", "--config", config_path]
     if Path(config_path).is_file():
-        args += override_args(cfg, config_path, DATA_SECTIONS)
+        args += override_args(cfg, config_path, (*DATA_SECTIONS, *task.sections))
     return shlex.join(args)
 
 
@@ -31,19 +33,20 @@ class Prepared:
     stage_dir: Path  # the tokenize stage's folder; runner.stage_manifests reads the chain behind it
 
 
-def load_prepared(cfg: Config, config_path: str = "<config>") -> Prepared:
-    """Load the prepared data for `cfg`, or explain which prepare command makes it."""
+def load_prepared(cfg: Config, task: Task, config_path: str = "<config>") -> Prepared:
+    """Load the prepared data `cfg` and its task (`task`, the one `cfg.task` names) make, or explain which prepare
+    command makes it."""
     from pipeline.data.runner import PREPARED, content_problem, data_config_fingerprint, load_stage, stage_content
 
     pointer = cfg.data_dir / PREPARED
-    cmd = prepare_command(cfg, config_path)
+    cmd = prepare_command(cfg, task, config_path)
     if not pointer.is_file():
         raise FileNotFoundError(f"no prepared data at {cfg.data_dir}: run `{cmd}` first")
     try:
         info = artifacts.read_json(pointer)
     except ValueError as e:  # damaged on disk; prepare writes it again
         raise ValueError(f"{e}; run `{cmd}` to write it again") from None
-    if info.get("config_fingerprint") != data_config_fingerprint(cfg):
+    if info.get("config_fingerprint") != data_config_fingerprint(cfg, task):
         raise ValueError(
             f"the prepared data in {cfg.data_dir} was made with other data settings than this config; "
             f"run `{cmd}` again (it reuses every stage that did not change)"
@@ -64,10 +67,10 @@ def load_prepared(cfg: Config, config_path: str = "<config>") -> Prepared:
     )
 
 
-def longest_example(prep: Prepared, cfg: Config) -> int:
-    """The most tokens one example of the prepared data may hold: a language model's blocks (the task's data
-    info records block_size), else tokenize.max_length. What a model's positions must cover."""
-    return prep.info.get("block_size") or cfg.tokenize.max_length
+def longest_example(prep: Prepared, cfg: Config, task: Task) -> int:
+    """The most tokens one example of the prepared data may hold, what a model's positions must cover: the task's
+    answer (Task.max_tokens; a language model's blocks), else tokenize.max_length."""
+    return task.max_tokens(cfg, prep.info) if task.max_tokens is not None else cfg.tokenize.max_length
 
 
 def is_same_data(recorded: str | None, prep: Prepared) -> bool:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pipeline
-from pipeline import artifacts, cli, tasks
+from pipeline import artifacts, cli
 from pipeline.config import Config, pretrained_tokenizer_name
 from pipeline.data.content import content_fingerprint
 from pipeline.data.engines.base import Stage, StageContext, StageFailed  # noqa: F401 - StageFailed: prepare.py's
@@ -33,14 +33,15 @@ from pipeline.data.engines.local import LocalEngine
 from pipeline.data.engines.ops import num_rows
 from pipeline.data.io import conversation, pair, references
 from pipeline.data.stages import clean, dedup, load, split, tokenize
+from pipeline.task import Task
 
 PREPARED = "prepared.json"
 SECTION_OF = {"load": "source"}  # the config section of a stage not named after it
 
 
-def stage_table(cfg: Config) -> list[Stage]:
+def stage_table(cfg: Config, task: Task) -> list[Stage]:
     """The pipeline, in order. Reads like a table of contents: the stages every task shares up to split,
-    then the task's (which place the shared tokenize stage among their own)."""
+    then the task's (`task`, the one cfg.task names; its stages place the shared tokenize stage among their own)."""
     tok = cfg.tokenize
     if tok.kind == "pretrained":  # the tokenizer a name means is the section's (model.name_or_path when empty)
         tok = dataclasses.replace(tok, pretrained=pretrained_tokenizer_name(cfg))
@@ -49,27 +50,28 @@ def stage_table(cfg: Config) -> list[Stage]:
         Stage("clean", clean.clean, cfg.clean),
         Stage("dedup", dedup.dedup, cfg.dedup),
         # the leakage check: ctx.similarity; the contamination check: the evaluation files' bytes; a task's strata
-        Stage("split", split.split, cfg.split, uses=(cfg.dedup, *_evaluation_files(cfg), *_strata_uses(cfg))),
-        *tasks.get(cfg.task).stages(cfg, Stage("tokenize", tokenize.tokenize, tok)),  # classification: label, tokenize
+        Stage("split", split.split, cfg.split, uses=(cfg.dedup, *_evaluation_files(cfg), *_strata_uses(cfg, task))),
+        *task.stages(cfg, Stage("tokenize", tokenize.tokenize, tok)),  # classification: label, tokenize
     ]
 
 
-def _task_strata(cfg: Config) -> Callable | None:
+def _task_strata(cfg: Config, task: Task) -> Callable | None:
     """The task's strata (Task.strata) where the split is stratified and the task has them."""
-    fn = tasks.get(cfg.task).strata
-    return fn if fn is not None and cfg.split.stratify else None
+    return task.strata if task.strata is not None and cfg.split.stratify else None
 
 
-def strata(cfg: Config) -> Callable | None:
+def strata(cfg: Config, task: Task) -> Callable | None:
     """The split stage's ctx.strata: the task's strata bound to the config."""
-    fn = _task_strata(cfg)
+    fn = _task_strata(cfg, task)
     return functools.partial(fn, cfg) if fn is not None else None
 
 
-def _strata_uses(cfg: Config) -> tuple:
-    """What a task's strata make the split depend on: the task, its label section and the strata's code."""
-    fn = _task_strata(cfg)
-    return (cfg.task, cfg.label, code_fingerprint(fn)) if fn is not None else ()
+def _strata_uses(cfg: Config, task: Task) -> tuple:
+    """What a task's strata make the split depend on: the task, its own sections (Task.sections) and the strata's
+    code."""
+    fn = _task_strata(cfg, task)
+    sections = tuple(getattr(cfg, name) for name in task.sections)
+    return (cfg.task, *sections, code_fingerprint(fn)) if fn is not None else ()
 
 
 def _evaluation_files(cfg: Config) -> tuple:
@@ -124,10 +126,10 @@ def code_fingerprint(fn: Callable, root: Path = PACKAGE_ROOT) -> str:
     return artifacts.fingerprint([(str(p.relative_to(root)), p.read_text(encoding="utf-8")) for p in files])
 
 
-def data_config_fingerprint(cfg: Config) -> str:
+def data_config_fingerprint(cfg: Config, task: Task) -> str:
     """Fingerprint of every setting that shapes the prepared data (not the source bytes): each stage's settings as
     its own fingerprint takes them, so a task's keys count (causal_lm's lm.block_size) and no other key does."""
-    return artifacts.fingerprint([_config_dicts(stage.config) for stage in stage_table(cfg)], cfg.task)
+    return artifacts.fingerprint([_config_dicts(stage.config) for stage in stage_table(cfg, task)], cfg.task)
 
 
 NOT_IN_FINGERPRINT = ("num_proc",)  # how a stage runs, not what it produces (same output, tested); the
@@ -143,9 +145,11 @@ def _config_dicts(values: tuple) -> list:
     return out
 
 
-def run(cfg: Config, force: bool = False, from_stage: str | None = None, progress: bool = True) -> list[dict]:
-    """Run (or reuse) every stage; return one report row per stage."""
-    table = stage_table(cfg)
+def run(cfg: Config, task: Task, force: bool = False, from_stage: str | None = None,
+        progress: bool = True) -> list[dict]:
+    """Run (or reuse) every stage of `cfg` and its task (`task`, the one cfg.task names); return one report row per
+    stage."""
+    table = stage_table(cfg, task)
     names = [stage.name for stage in table]
     if from_stage is not None and from_stage not in names:
         raise ValueError(f"--from {from_stage!r} is not a stage of task {cfg.task}; stages: {', '.join(names)}")
@@ -161,15 +165,16 @@ def run(cfg: Config, force: bool = False, from_stage: str | None = None, progres
         section = table[names.index("tokenize")].section
         tokenize.check_head_tail(getattr(section, "tokenize", section))  # causal_lm's: tokenize settings + lm
     with open_engine(cfg) as engine:
-        data_dir, manifests, rows = _run_stages(cfg, table, engine, input_fp, first_forced, progress)
+        data_dir, manifests, rows = _run_stages(cfg, table, strata(cfg, task), engine, input_fp, first_forced,
+                                                progress)
     last = names[-1]
     prepared = {
         "stage_dir": str(data_dir.resolve()),
         "fingerprint": manifests[last]["fingerprint"],
         "content_fingerprint": stage_content(data_dir, manifests[last]),
-        "config_fingerprint": data_config_fingerprint(cfg),
+        "config_fingerprint": data_config_fingerprint(cfg, task),
         "task": cfg.task,
-        "data_info": tasks.get(cfg.task).data_info(manifests),
+        "data_info": task.data_info(manifests),
     }
     if all(r["cached"] for r in rows) and _json_or_none(cfg.data_dir / PREPARED) == prepared:
         return rows  # nothing changed, nothing written: a read-only output_dir serves a cached prepare
@@ -185,7 +190,8 @@ def _json_or_none(path: Path) -> Any:
         return None
 
 
-def _run_stages(cfg: Config, table: list[Stage], engine: Any, input_fp: str, first_forced: int, progress: bool):
+def _run_stages(cfg: Config, table: list[Stage], strata_of: Callable | None, engine: Any, input_fp: str,
+                first_forced: int, progress: bool):
     """Each stage of `table` reused or run, in order; returns the last stage's folder, the manifests, the report."""
     stages_root = cfg.data_dir / "stages"
     data, data_dir, rows, manifests = None, None, [], {}
@@ -205,7 +211,7 @@ def _run_stages(cfg: Config, table: list[Stage], engine: Any, input_fp: str, fir
             ctx = StageContext(out_dir=out, num_proc=cfg.prepare.num_proc, progress=progress,
                                engine=engine.get(), similarity=cfg.dedup,
                                conversations=conversation.conversational(cfg.source),
-                               pairs=pair.paired(cfg.source), strata=strata(cfg))
+                               pairs=pair.paired(cfg.source), strata=strata_of)
             data, man = _run_stage(stage, data, out, fp, input_fp, ctx, data_dir)
             rows.append({**_row(man), "cached": False})
         input_fp, data_dir, manifests[stage.name] = fp, out, man

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline import adapters, artifacts
+from pipeline import artifacts
+from pipeline.models import lora
 from pipeline.training import checkpoint
 
 
@@ -49,7 +50,7 @@ def load_model(ckpt: Path, run_dir: str | Path, auto_class: Any) -> Any:
     if adapter is not None:
         folder, config_dir = adapter
         sharded = not checkpoint.is_adapter(folder) and not (folder / checkpoint.WEIGHTS).is_file()  # FSDP's DCP
-        return adapters.load_for_inference(folder, config_dir, auto_class, _trained_base(ckpt),
+        return lora.load_for_inference(folder, config_dir, auto_class, _trained_base(ckpt),
                                            checkpoint.load_weights if sharded else None)
     if checkpoint.is_final(ckpt):
         return auto_class.from_pretrained(ckpt)
@@ -68,10 +69,10 @@ def _adapter_of(ckpt: Path, run_dir: str | Path) -> tuple[Path, Path] | None:
     if checkpoint.is_adapter(ckpt):
         return ckpt, ckpt
     if checkpoint.is_final(ckpt):
-        inner = ckpt / adapters.ADAPTER_DIR
+        inner = ckpt / lora.ADAPTER_DIR
         return (inner, inner) if not (ckpt / checkpoint.WEIGHTS).is_file() else None
     config_dir = _model_files(ckpt, run_dir)
-    return (ckpt, config_dir) if (config_dir / adapters.ADAPTER_CONFIG).is_file() else None
+    return (ckpt, config_dir) if (config_dir / lora.ADAPTER_CONFIG).is_file() else None
 
 
 def _trained_base(ckpt: Path) -> dict | None:

@@ -8,11 +8,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline import artifacts, card, tasks, trackers
+from pipeline import artifacts, tasks
 from pipeline.config import Config
 from pipeline.evaluation import model as model_io
 from pipeline.inference import backends, predict
 from pipeline.inference.first_token import compute_first_token_only
+from pipeline.training import card, trackers
 
 
 def output_dir(cfg: Config, ckpt: Path) -> Path:
@@ -72,7 +73,7 @@ def describe_test_set(manifests: dict[str, dict], documents: int) -> str:
             f"{leaks} by the leakage check{by_ngrams}{note})")
 
 
-def _check_vocabulary(model: Any, ckpt: Path, cfg: Config, prepared: Any, dataset: Any) -> Any:
+def _check_vocabulary(model: Any, ckpt: Path, cfg: Config, task: Any, prepared: Any, dataset: Any) -> Any:
     """Before any work: the model was trained with the prepared data's tokenizer (a model of another
     vocabulary scores garbage, or fails inside torch on an id past its embeddings) and embeds every id
     and position of the split. Returns that tokenizer."""
@@ -81,7 +82,7 @@ def _check_vocabulary(model: Any, ckpt: Path, cfg: Config, prepared: Any, datase
 
     model_io.check_same_vocabulary(ckpt, cfg.run_dir, prepared.tokenizer_dir)
     tok = build.load_tokenizer(prepared.tokenizer_dir, cfg.model.from_scratch)
-    build.check_fit(model, tok, dataset, longest_example(prepared, cfg), f"checkpoint {ckpt}")
+    build.check_fit(model, tok, dataset, longest_example(prepared, cfg, task), f"checkpoint {ckpt}")
     return tok
 
 
@@ -100,14 +101,14 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
     from pipeline.data.prepared import is_same_data, load_prepared
 
     trackers.check_installed([n for n in cfg.train.report_to if n != "tensorboard"])
-    prepared = load_prepared(cfg, config_path)
+    task = tasks.get(cfg.task)
+    prepared = load_prepared(cfg, task, config_path)
     dataset = select_split(prepared.splits, cfg.eval.split, cfg.data_dir)
     ckpt = model_io.resolve_checkpoint(cfg.run_dir, cfg.eval.checkpoint)
-    task = tasks.get(cfg.task)
     model = model_io.load_model(ckpt, cfg.run_dir, task.model_class())
     task.check_model(model, prepared.info, ckpt)
     compute_first_token_only(model)  # a BERT-family classifier's head reads one position of the last layer
-    tok = _check_vocabulary(model, ckpt, cfg, prepared, dataset)
+    tok = _check_vocabulary(model, ckpt, cfg, task, prepared, dataset)
     accelerator = make_accelerator()  # one gloo group when launched as several CPU processes
     start = time.perf_counter()
     precision, why = backends.resolve(cfg.eval, accelerator.device.type)
@@ -115,7 +116,8 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
     onnx_dir = _onnx_cache(ckpt, model, precision, runtime)
     reused = onnx_dir is not None and artifacts.check_files(onnx_dir) is None  # predict re-exports one that is not
     logits = predict.predict_logits(model, dataset, cfg.eval.batch_size, accelerator, precision, progress,
-                                    runtime, onnx_dir, scratch=cfg.run_dir, outputs=task.outputs, columns=task.columns)
+                                    runtime, onnx_dir, scratch=cfg.run_dir, outputs=task.outputs, columns=task.columns,
+                                    width=task.output_width)
     seconds = time.perf_counter() - start
     if not accelerator.is_main_process:
         accelerator.end_training()

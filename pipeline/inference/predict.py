@@ -62,8 +62,10 @@ def _place(index: np.ndarray, logits: np.ndarray, n: int) -> np.ndarray:
 def predict_logits(
     model: Any, dataset: Any, batch_size: int, accelerator: Any, precision: str = "fp32", progress: bool = True,
     runtime: str = "torch", onnx_dir: Any = None, scratch: Any = None, outputs: Any = None, columns: tuple = (),
+    width: int = 0,
 ) -> np.ndarray:
-    """(len(dataset), num_labels) float32 logits in dataset order, on every process.
+    """(len(dataset), k) float32 outputs in dataset order, on every process: a sequence classifier's logits
+    (k = num_labels), or with `outputs` (a task's own per-row outputs, Task.outputs, of `columns`) k = `width`.
 
     `precision` (backends.PRECISIONS) and `runtime` (backends.RUNTIMES) are applied here, so
     evaluate.py and validation run them alike; int8 and onnxruntime work on a copy or an export and
@@ -85,7 +87,7 @@ def predict_logits(
     bar = tqdm(total=sum(len(b) for b in mine), unit="ex", desc=f"predict[{rank}]", disable=not (progress and accelerator.is_main_process))
     with torch.inference_mode(), backends.autocast(accelerator.device, precision):
         for batch in mine:
-            if outputs is not None:  # the task's own per-row outputs (causal_lm: summed loss and target count)
+            if outputs is not None:  # the task's own per-row outputs
                 rows = [{"input_ids": sequences[i], **{c: v[i] for c, v in extra.items()}} for i in batch]
                 chunks.append(outputs(model, rows, pad_id, multiple, accelerator.device).float().cpu().numpy())
             else:
@@ -96,7 +98,7 @@ def predict_logits(
             index.append(batch)
             bar.update(len(batch))
     bar.close()
-    num_labels = chunks[0].shape[1] if chunks else (2 if outputs is not None else model.config.num_labels)
+    num_labels = chunks[0].shape[1] if chunks else (width or model.config.num_labels)  # a process with no rows
     index_np = np.concatenate(index) if index else np.zeros(0, dtype=np.int64)
     logits_np = np.concatenate(chunks) if chunks else np.zeros((0, num_labels), dtype=np.float32)
     if world > 1:

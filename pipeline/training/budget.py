@@ -177,14 +177,14 @@ def _validation_seconds(s: Any) -> float:
     import numpy as np
 
     from pipeline.inference.backends import for_inference
-    from pipeline.training.evaluation import evaluate
+    from pipeline.training.validation import validate
 
     n, size = len(s.val_ds), s.cfg.eval.batch_size * SAMPLE_BATCHES * s.acc.num_processes
     order = np.argsort(np.asarray(s.val_ds["length"][:]), kind="stable")
     rows = order[np.linspace(0, n - 1, min(n, size)).round().astype(int)]
     precision = s.eval_precision[0]
     # warm-up, untimed: the metric modules load once per process, not once per validation
-    evaluate(s.acc, s.model, s.val_ds.select(rows[:1]), 1, s.task, s.data_info, precision)
+    validate(s.acc, s.model, s.val_ds.select(rows[:1]), 1, s.task, s.data_info, precision)
     runtime, scratch, model = s.cfg.eval.runtime, s.cfg.run_dir, s.acc.unwrap_model(s.model)
     if runtime == "onnxruntime":
         from pipeline.inference import onnx_template
@@ -195,14 +195,14 @@ def _validation_seconds(s: Any) -> float:
         # what evaluate pays before predicting depends on these weights (a full export where two tensors are
         # equal, as at initialisation, never after a step): a one-row validation's time is taken off instead
         start = time.perf_counter()
-        evaluate(s.acc, s.model, s.val_ds.select(rows[:1]), 1, s.task, s.data_info, precision, runtime, scratch)
+        validate(s.acc, s.model, s.val_ds.select(rows[:1]), 1, s.task, s.data_info, precision, runtime, scratch)
         before = time.perf_counter() - start
     else:
         start = time.perf_counter()
         for_inference(model, precision, s.acc.device, runtime, scratch=scratch)  # int8: the copy each validation makes
         fixed = before = time.perf_counter() - start
     start = time.perf_counter()
-    evaluate(s.acc, s.model, s.val_ds.select(rows), s.cfg.eval.batch_size, s.task, s.data_info, precision, runtime,
+    validate(s.acc, s.model, s.val_ds.select(rows), s.cfg.eval.batch_size, s.task, s.data_info, precision, runtime,
              scratch)
     return fixed + max(time.perf_counter() - start - before, 0.0) * n / len(rows)
 

@@ -152,14 +152,15 @@ def _auto(device_type: str, recorded: str | None) -> Precision:
                      f"its updates differ from a run that never stopped")
 
 
-def training_attention(setting: str, precision: str, device_type: str, sequence_classifier: bool) -> str | None:
-    """The attention implementation to train with (train.attention), or None for the model's own. auto: eager for a
-    sequence classifier in bf16 on a CPU, where torch's SDPA kernels are slower than eager attention in bf16
-    (bench/RESULTS.md: 1.26x a step at ~30 tokens, 1.4x at ~200, MiniLM with attention dropout 0); decoders
-    (the LM tasks, their packed-document masks) keep theirs."""
+def training_attention(setting: str, precision: str, device_type: str, cpu_bf16: str) -> str | None:
+    """The attention implementation to train with (train.attention), or None for the model's own. auto: the task's
+    choice for bf16 on a CPU (Task.cpu_bf16_attention; a sequence classifier's is eager, where torch's SDPA kernels
+    are slower than eager attention in bf16, bench/RESULTS.md: 1.26x a step at ~30 tokens, 1.4x at ~200, MiniLM
+    with attention dropout 0); elsewhere, and for tasks without a choice (the LM tasks, their packed-document
+    masks), the model's own."""
     if setting != accel.AUTO:
         return setting
-    return "eager" if precision == "bf16" and device_type == "cpu" and sequence_classifier else None
+    return (cpu_bf16 or None) if precision == "bf16" and device_type == "cpu" else None
 
 
 def describe(model: Any) -> str:

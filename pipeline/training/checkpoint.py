@@ -30,8 +30,8 @@ import uuid
 from pathlib import Path
 
 from pipeline import artifacts
-from pipeline.adapters import ADAPTER_CONFIG, ADAPTER_DIR
 from pipeline.artifacts import MANIFEST, read_json, write_json_atomic
+from pipeline.models.lora import ADAPTER_CONFIG, ADAPTER_DIR
 from pipeline.training import state_io
 
 STATE = "state.json"

@@ -13,9 +13,9 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 
-from pipeline import allocator, artifacts, trackers
+from pipeline import artifacts
 from pipeline.config import Config
-from pipeline.training import batching, checkpoint, signals
+from pipeline.training import batching, checkpoint, memory, signals, trackers
 from pipeline.training.setup import Setup, export_final, final_config, prepare_run
 from pipeline.training.state_io import TrainState
 
@@ -76,8 +76,8 @@ def _run(s: Setup, st: TrainState, stop: signals.StopFlag) -> int:
     anomaly_mode = torch.autograd.detect_anomaly(check_nan=True) if t.detect_anomaly else contextlib.nullcontext()
     if st.step == 0 and s.task.samples is not None and acc.is_main_process:  # the model before training: a baseline
         _write_samples(s, 0, s.task.samples(acc.unwrap_model(s.model), s.tok, s.cfg, 0))
-    if t.release_memory_every:  # freed pages kept for the next step between releases (pipeline/allocator.py)
-        allocator.hold_freed_memory()
+    if t.release_memory_every:  # freed pages kept for the next step between releases (pipeline/training/memory.py)
+        memory.hold_freed_memory()
     s.model.train()
     while code is None and st.step < s.total_steps:
         for batch, weight in _weighted(s, _epoch_batches(s, st)):
@@ -202,7 +202,7 @@ def _after_step(s: Setup, st: TrainState, win: Window, epoch_end: bool, stop, st
         _log_train(s, st, win)
         win.__init__()  # the next record covers the steps after this one
     if t.release_memory_every and step % t.release_memory_every == 0:
-        allocator.release_free_heap()  # the heap's holes left by varying batch shapes go back (counted as training)
+        memory.release_free_heap()  # the heap's holes left by varying batch shapes go back (counted as training)
     paused = time.perf_counter()
     if (t.eval_every and step % t.eval_every == 0) or last:
         _evaluate(s, st)
@@ -257,9 +257,9 @@ def _warn_diverging(s: Setup, step: int, rank_losses: list[float]) -> None:
 
 def _evaluate(s: Setup, st: TrainState) -> None:
     """Validation with evaluate.py's code (batches and eval.precision too): this step's metrics, the best so far."""
-    from pipeline.training.evaluation import evaluate
+    from pipeline.training.validation import validate
 
-    m = evaluate(s.acc, s.model, s.val_ds, s.cfg.eval.batch_size, s.task, s.data_info, s.eval_precision[0],
+    m = validate(s.acc, s.model, s.val_ds, s.cfg.eval.batch_size, s.task, s.data_info, s.eval_precision[0],
                  s.cfg.eval.runtime, s.cfg.run_dir)
     st.metrics = m
     st.best.offer(m[st.best.metric], st.step)

@@ -3,7 +3,7 @@
   <output_dir>/run/
     config.yaml        the resolved config          run_info.json   versions, git commit, launches
     metrics.jsonl      one JSON object per log/eval  tensorboard/    event files (and the other trackers' stores,
-                                                                     pipeline/trackers.py)
+                                                                     pipeline/training/trackers.py)
     model_config/      config.json (id2label) + tokenizer, written at start: any checkpoint is loadable
     checkpoints/<name> see checkpoint.py            final/          save_pretrained model + tokenizer
 """
@@ -16,8 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline import adapters, artifacts
+from pipeline import artifacts
 from pipeline.config import Config, to_yaml
+from pipeline.models import lora
 from pipeline.training import checkpoint
 
 RUN_FILES = ("config.yaml", "run_info.json", "metrics.jsonl", "trackers.json", "mlflow.db")
@@ -150,7 +151,7 @@ def export_model_config(model, tok, out: Path) -> None:
     with artifacts.atomic_dir(out, replace=True) as tmp:
         model.config.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
-        if adapters.is_adapted(model):  # the adapter's settings and its base, for loading a checkpoint
+        if lora.is_adapted(model):  # the adapter's settings and its base, for loading a checkpoint
             model.peft_config["default"].save_pretrained(str(tmp))
 
 
@@ -160,11 +161,11 @@ def export_final(model, tok, out: Path, state: dict | None = None, weights: dict
 
     `state` (step, epoch, data fingerprints) goes to state.json, so evaluation can say what it scored.
     `weights`: the full state dict (accelerator.get_state_dict) where the model's own is sharded (FSDP, ZeRO-3).
-    An adapted model (peft): adapter/ and, with `merge`, the merged weights (adapters.write_final)."""
+    An adapted model (peft): adapter/ and, with `merge`, the merged weights (lora.write_final)."""
     try:
         with artifacts.atomic_dir(out, replace=True) as tmp:  # a failed export leaves the earlier final/ as it was
-            if adapters.is_adapted(model):
-                adapters.write_final(model, tok, tmp, merge)
+            if lora.is_adapted(model):
+                lora.write_final(model, tok, tmp, merge)
             else:
                 model.save_pretrained(str(tmp), safe_serialization=True, state_dict=weights)
             tok.save_pretrained(str(tmp))

@@ -11,10 +11,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pipeline import accel, adapters, artifacts, card, tasks, trackers
+from pipeline import accel, artifacts, tasks
 from pipeline.config import Config, TrainConfig
 from pipeline.inference import backends, padding
-from pipeline.training import batching, budget, build, checkpoint, rundir
+from pipeline.models import lora
+from pipeline.training import batching, budget, build, card, checkpoint, rundir, trackers
 from pipeline.training.state_io import Best, TrainState
 
 # train settings that do not change the sequence of updates: free to change on resume
@@ -50,7 +51,7 @@ class Setup:
     log: rundir.MetricsLog
     config_path: str
     budget: dict | None = None  # train.max_minutes: what was measured and decided (budget.py)
-    base: dict | None = None  # peft.method=lora: the base model adapted (adapters.base_identity)
+    base: dict | None = None  # peft.method=lora: the base model adapted (lora.base_identity)
 
     @property
     def ckpt_root(self) -> Path:
@@ -75,7 +76,7 @@ def check_resumable(state: TrainState, fps: dict, world: int, path: Path, model_
     global batch and the data order of every epoch (a function of the seed and that product) are too."""
     old = state.fingerprints
     if old.get("base") and old.get("model") != fps.get("model"):  # a LoRA checkpoint: name the base it adapts
-        raise ValueError(f"{path} adapts base model {adapters.describe_base(old['base'])}, the config's is "
+        raise ValueError(f"{path} adapts base model {lora.describe_base(old['base'])}, the config's is "
                          f"{model_name or '?'} (other [model] settings: fingerprint {old.get('model')} != "
                          f"{fps.get('model')}); resume with the base and settings it was trained with, or start a "
                          f"new output_dir")
@@ -144,13 +145,14 @@ def _checked_resume_path(path: Path, run_dir: Path) -> Path:
 def _load_data(cfg: Config, config_path: str):
     from pipeline.data.prepared import load_prepared, prepare_command
 
-    prep = load_prepared(cfg, config_path)
+    task = tasks.get(cfg.task)
+    prep = load_prepared(cfg, task, config_path)
     for split in ("train", "validation"):
-        needed = {"input_ids", "length", *tasks.get(cfg.task).columns}
+        needed = {"input_ids", "length", *task.columns}
         missing = needed - set(prep.splits[split].column_names) if split in prep.splits else {"split"}
         if missing:
             raise ValueError(f"prepared data in {cfg.data_dir} lacks {split} {sorted(missing)}; "
-                             f"rerun `{prepare_command(cfg, config_path)}`")
+                             f"rerun `{prepare_command(cfg, task, config_path)}`")
     if len(prep.splits["validation"]) == 0:  # validation picks the best checkpoint and reports progress
         raise ValueError(f"the prepared validation split in {cfg.data_dir} is empty (split.validation="
                          f"{cfg.split.validation}); training evaluates on it: set split.validation above 0 and rerun "
@@ -250,15 +252,15 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, precision: build.Preci
         build.warm_start(model, t.init_from)
     from pipeline.data.prepared import longest_example
 
-    build.check_fit(model, tok, train_ds, longest_example(prep, cfg),
+    build.check_fit(model, tok, train_ds, longest_example(prep, cfg, task),
                     f"model {cfg.model.name_or_path or cfg.model.from_scratch}")
     if t.gradient_checkpointing:  # non-reentrant: works under DDP (no "marked ready twice"), and with LoRA's
         # frozen embeddings (the reentrant variant needs inputs that require grad: peft's enable_input_require_grads)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    attention = build.training_attention(t.attention, precision.run, acc.device.type, task.outputs is None)
+    attention = build.training_attention(t.attention, precision.run, acc.device.type, task.cpu_bf16_attention)
     if attention:
         model.set_attn_implementation(attention)
-    model, base = adapters.adapt(cfg, task, model, acc)
+    model, base = lora.adapt(cfg, task, model, acc)
     if acc.device.type == "cpu":  # the same masks in distribution, drawn ~5x faster than torch's bernoulli_
         from pipeline.training import dropout
 
@@ -299,8 +301,8 @@ def _start_state(s: Setup, ckpt: Path | None, saved: TrainState | None, fps: dic
         checkpoint.warn(f"total steps changed from {saved.total_steps} to {s.total_steps}: the learning-rate "
                         f"schedule differs from the original run's from here on")
     if saved.fingerprints.get("base") != fps.get("base"):
-        raise ValueError(f"{ckpt} adapts base model {adapters.describe_base(saved.fingerprints.get('base'))}, the "
-                         f"config's is {adapters.describe_base(fps.get('base'))}; resume with the base it was "
+        raise ValueError(f"{ckpt} adapts base model {lora.describe_base(saved.fingerprints.get('base'))}, the "
+                         f"config's is {lora.describe_base(fps.get('base'))}; resume with the base it was "
                          f"trained on, or start a new output_dir")
     checkpoint.load_checkpoint(s.acc, ckpt, s.model, s.optimizer, s.scheduler)  # RNG last: nothing draws after
     # metric_for_best is free on resume: this run's metric and direction, the saved best value and step
@@ -313,7 +315,7 @@ def final_config(s: Setup) -> dict:
     multilabel: tuned thresholds); every process predicts its share (a collective), all get the same dict."""
     if s.task.final_config is None or not s.val_ds.num_rows:
         return {}
-    from pipeline.training.evaluation import outputs
+    from pipeline.training.validation import outputs
 
     logits = outputs(s.acc, s.model, s.val_ds, s.cfg.eval.batch_size, s.task, s.eval_precision[0],
                      s.cfg.eval.runtime, s.cfg.run_dir)
@@ -350,9 +352,9 @@ def export_final(s: Setup, state: dict | None, weights: dict, settings: dict | N
         # building draws the head's and adapters' initial values (not the run's), and says the head is new
         with torch.random.fork_rng(), contextlib.redirect_stdout(io.StringIO()):
             full = replace(s.cfg, peft=replace(s.cfg.peft, quantize="none"))
-            model, rebuilt = adapters.adapt(full, s.task, s.task.build_model(full, s.tok, s.data_info))
-        adapters.check_base(rebuilt, s.base, s.run_dir / "final")
-        adapters.load_trained(s.run_dir / "final", model, weights)
+            model, rebuilt = lora.adapt(full, s.task, s.task.build_model(full, s.tok, s.data_info))
+        lora.check_base(rebuilt, s.base, s.run_dir / "final")
+        lora.load_trained(s.run_dir / "final", model, weights)
         weights = None
     for key, value in (settings or {}).items():
         setattr(model.config, key, value)

@@ -8,7 +8,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-from pipeline import artifacts
+from pipeline import artifacts, tasks
 from pipeline.data import prepared as prepared_io
 from pipeline.data import runner
 from pipeline.data.content import content_fingerprint
@@ -81,14 +81,14 @@ def test_a_run_that_recorded_an_older_versions_stage_fingerprint_trained_on_the_
 
 
 def test_prepare_records_each_stages_content_and_the_last_one_names_the_data(tmp_path):
-    from test_runner import _cfg
+    from tests.data.test_runner import _cfg
 
     cfg = _cfg(tmp_path)
-    runner.run(cfg, progress=False)
+    runner.run(cfg, tasks.get(cfg.task), progress=False)
     info = json.loads((cfg.data_dir / runner.PREPARED).read_text())
     stage = Path(info["stage_dir"])
     man = artifacts.read_json(stage / artifacts.MANIFEST)
     assert info["content_fingerprint"] == man["content_fingerprint"] == content_fingerprint(stage)
-    assert prepared_io.load_prepared(cfg).fingerprint == info["content_fingerprint"]
-    runner.run(cfg, force=True, progress=False)  # rebuilt: new bytes on disk, the same data
+    assert prepared_io.load_prepared(cfg, tasks.get(cfg.task)).fingerprint == info["content_fingerprint"]
+    runner.run(cfg, tasks.get(cfg.task), force=True, progress=False)  # rebuilt: new bytes on disk, the same data
     assert json.loads((cfg.data_dir / runner.PREPARED).read_text())["content_fingerprint"] == info["content_fingerprint"]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import artifacts
-from pipeline.config import load_config
+from pipeline import artifacts, tasks
+from pipeline.checks import load_config
 from pipeline.data import runner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,13 +37,13 @@ def _cfg(tmp_path: Path, *overrides: str):
 
 def test_first_run_then_fully_cached(tmp_path):
     cfg = _cfg(tmp_path)
-    rows = runner.run(cfg, progress=False)
+    rows = runner.run(cfg, tasks.get(cfg.task), progress=False)
     assert [r["stage"] for r in rows] == ["load", "clean", "dedup", "split", "label", "tokenize"]
     assert not any(r["cached"] for r in rows)
     assert rows[0]["rows_out"] == 301
     info = json.loads((cfg.data_dir / runner.PREPARED).read_text())
     assert info["data_info"]["label_names"] == ["neg", "pos"]
-    again = runner.run(cfg, progress=False)
+    again = runner.run(cfg, tasks.get(cfg.task), progress=False)
     assert all(r["cached"] for r in again)
     assert [r["rows_out"] for r in again] == [r["rows_out"] for r in rows]
     table = runner.format_report(again)
@@ -60,7 +60,7 @@ def test_a_stage_that_hands_its_input_back_links_its_files(tmp_path, monkeypatch
             raise OSError(18, "Invalid cross-device link")
         monkeypatch.setattr(artifacts.os, "link", no_links)
     cfg = _cfg(tmp_path, "dedup.method=none")
-    rows = runner.run(cfg, progress=False)
+    rows = runner.run(cfg, tasks.get(cfg.task), progress=False)
     assert rows[2]["rows_in"] == rows[2]["rows_out"] == rows[1]["rows_out"] and rows[-1]["stage"] == "tokenize"
     clean, dedup = (next((cfg.data_dir / "stages").glob(f"{k}-{name}-*")) / "data" for k, name in ((1, "clean"), (2, "dedup")))
     files = sorted(p.name for p in clean.iterdir())
@@ -71,19 +71,19 @@ def test_a_stage_that_hands_its_input_back_links_its_files(tmp_path, monkeypatch
 
 
 def test_changing_one_setting_reruns_that_stage_and_later_ones(tmp_path):
-    runner.run(_cfg(tmp_path), progress=False)
-    rows = runner.run(_cfg(tmp_path, "split.seed=99"), progress=False)
+    runner.run(c := _cfg(tmp_path), tasks.get(c.task), progress=False)
+    rows = runner.run(c := _cfg(tmp_path, "split.seed=99"), tasks.get(c.task), progress=False)
     assert [r["cached"] for r in rows] == [True, True, True, False, False, False]
-    rows = runner.run(_cfg(tmp_path, "split.seed=99"), progress=False, from_stage="label")
+    rows = runner.run(c := _cfg(tmp_path, "split.seed=99"), tasks.get(c.task), progress=False, from_stage="label")
     assert [r["cached"] for r in rows] == [True, True, True, True, False, False]
 
 
 def test_changed_input_file_invalidates_everything(tmp_path):
     cfg = _cfg(tmp_path)
-    runner.run(cfg, progress=False)
+    runner.run(cfg, tasks.get(cfg.task), progress=False)
     with open(tmp_path / "corpus.csv", "a", encoding="utf-8") as f:
         f.write("neg,a brand new review about omicron and sigma\n")
-    rows = runner.run(cfg, progress=False)
+    rows = runner.run(cfg, tasks.get(cfg.task), progress=False)
     assert not any(r["cached"] for r in rows) and rows[0]["rows_out"] == 302
 
 
@@ -97,7 +97,7 @@ def test_failed_stage_leaves_no_complete_directory(tmp_path, monkeypatch):
 
     monkeypatch.setattr(label, "label", boom)
     with pytest.raises(RuntimeError):
-        runner.run(cfg, progress=False)
+        runner.run(cfg, tasks.get(cfg.task), progress=False)
     stages = sorted(p.name for p in (cfg.data_dir / "stages").iterdir())
     assert [s.split("-")[1] for s in stages] == ["load", "clean", "dedup", "split"]
     assert not (cfg.data_dir / runner.PREPARED).exists()
@@ -121,7 +121,7 @@ def test_a_full_disk_during_a_stage_names_the_stage_the_disk_and_about_what_it_n
     stages = cfg.data_dir / "stages"
     with pytest.raises(OSError, match=rf"^\[Errno 28\] no space left on the disk of {stages}: stage split needs about "
                                       r"[0-9.]+ KiB, [0-9.]+ [KMG]iB free; free some space and run the same command again$"):
-        runner.run(cfg, progress=False)
+        runner.run(cfg, tasks.get(cfg.task), progress=False)
     assert [p.name.split("-")[1] for p in sorted(stages.iterdir())] == ["load", "clean", "dedup"]  # no temporary
 
 
@@ -145,7 +145,7 @@ def test_process_killed_during_a_stage_is_not_taken_as_complete(tmp_path):
     proc.wait()
     complete = [p.name.split("-")[1] for p in stages.iterdir() if artifacts.is_complete(p)]
     assert "dedup" not in complete and "split" not in complete
-    rows = runner.run(load_config(ROOT / "configs" / "tiny.yaml", args[5:]), progress=False)
+    rows = runner.run(c := load_config(ROOT / "configs" / "tiny.yaml", args[5:]), tasks.get(c.task), progress=False)
     assert [r["cached"] for r in rows][:2] == [True, True] and not rows[2]["cached"]
     assert not any(".tmp-" in p.name for p in stages.iterdir())  # the dead process's leftovers are gone
 
@@ -153,20 +153,21 @@ def test_process_killed_during_a_stage_is_not_taken_as_complete(tmp_path):
 def test_unknown_label_fails_before_anything_is_marked_prepared(tmp_path):
     cfg = _cfg(tmp_path, "label.names=[neg]")
     with pytest.raises(ValueError, match=r"labels outside the classes \['neg'\]: 'pos'"):
-        runner.run(cfg, progress=False)
+        runner.run(cfg, tasks.get(cfg.task), progress=False)
     assert not (cfg.data_dir / runner.PREPARED).exists()
 
 
 def test_filtering_everything_away_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match=r"stage 'clean' left no rows"):
-        runner.run(_cfg(tmp_path, "clean.min_words=1000"), progress=False)
+        runner.run(c := _cfg(tmp_path, "clean.min_words=1000"), tasks.get(c.task), progress=False)
 
 
 def test_prepare_does_not_import_torch(tmp_path):
     cfg = _cfg(tmp_path)
     code = (
-        "import sys; from pipeline.config import load_config; from pipeline.data import runner\n"
-        f"runner.run(load_config({str(ROOT / 'configs' / 'tiny.yaml')!r}, {list(_cfg_overrides(tmp_path))!r}), progress=False)\n"
+        "import sys; from pipeline import tasks; from pipeline.checks import load_config; from pipeline.data import runner\n"
+        f"cfg = load_config({str(ROOT / 'configs' / 'tiny.yaml')!r}, {list(_cfg_overrides(tmp_path))!r})\n"
+        "runner.run(cfg, tasks.get(cfg.task), progress=False)\n"
         "assert 'torch' not in sys.modules, 'prepare imported torch'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -197,8 +198,8 @@ def test_the_old_num_proc_keys_name_the_new_one(old):
 
 
 def test_num_proc_does_not_invalidate_the_cache(tmp_path):
-    runner.run(_cfg(tmp_path), progress=False)
-    rows = runner.run(_cfg(tmp_path, "prepare.num_proc=2"), progress=False)
+    runner.run(c := _cfg(tmp_path), tasks.get(c.task), progress=False)
+    rows = runner.run(c := _cfg(tmp_path, "prepare.num_proc=2"), tasks.get(c.task), progress=False)
     assert all(r["cached"] for r in rows)
 
 
@@ -209,10 +210,11 @@ ALL_STAGES = {"load", "clean", "dedup", "split", "label", "tokenize"}
     ("data/similarity/shingling.py", {"dedup", "split"}),  # MinHash shingles: near-dedup and the leakage check
     ("data/engines/base.py", ALL_STAGES),  # StageContext, StageResult
     ("data/engines/ops.py", ALL_STAGES),  # SPLITS, unit_hash, add_up, map_batches
-    ("resolve.py", {"tokenize"}),  # which pretrained tokenizer a name means
+    ("models/pretrained.py", {"tokenize"}),  # which pretrained tokenizer a name means
     ("data/io/readers.py", {"load"}),
     ("schema.py", set()),  # the sections' declarations: their values are in each stage's key already
     ("config.py", set()),  # the loader
+    ("checks.py", set()),  # the checks against the task: a command's, not a stage's
     ("training/loop.py", set()),  # modules no stage runs
     ("evaluation/run.py", set()),
 ])
@@ -221,7 +223,7 @@ def test_editing_a_helper_changes_exactly_the_stages_that_import_it(helper, depe
 
     copy = tmp_path / "pipeline"
     shutil.copytree(runner.PACKAGE_ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    stages = runner.stage_table(load_config(None))
+    stages = runner.stage_table(c := load_config(None), tasks.get(c.task))
     before = {s.name: runner.code_fingerprint(s.fn, copy) for s in stages}
     assert before == {s.name: runner.code_fingerprint(s.fn) for s in stages}  # a copy hashes the same
     with open(copy / helper, "a", encoding="utf-8") as f:
@@ -235,7 +237,7 @@ def test_editing_a_help_string_or_another_sections_default_reruns_nothing(tmp_pa
 
     copy = tmp_path / "pipeline"
     shutil.copytree(runner.PACKAGE_ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    stages = runner.stage_table(load_config(None))
+    stages = runner.stage_table(c := load_config(None), tasks.get(c.task))
     before = {s.name: runner.code_fingerprint(s.fn, copy) for s in stages}
     schema = (copy / "schema.py").read_text(encoding="utf-8")
     edited = schema.replace('"seed of model init, data order and dropout"', '"the seed of everything random in training"')
@@ -246,9 +248,9 @@ def test_editing_a_help_string_or_another_sections_default_reruns_nothing(tmp_pa
 
 
 def test_a_rerun_after_editing_a_helper_redoes_the_stages_from_the_first_that_uses_it(tmp_path, monkeypatch):
-    runner.run(_cfg(tmp_path), progress=False)
+    runner.run(c := _cfg(tmp_path), tasks.get(c.task), progress=False)
     real = runner.code_fingerprint
     # split's code changes (as if split.py or a helper only it imports was edited)
     monkeypatch.setattr(runner, "code_fingerprint", lambda fn, root=runner.PACKAGE_ROOT: real(fn, root) + ("x" if fn.__name__ == "split" else ""))
-    rows = runner.run(_cfg(tmp_path), progress=False)
+    rows = runner.run(c := _cfg(tmp_path), tasks.get(c.task), progress=False)
     assert [r["cached"] for r in rows] == [True, True, True, False, False, False]

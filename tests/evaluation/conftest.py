@@ -1,3 +1,3 @@
 """The tiny evaluation world (tests/evalworld.py) for these tests."""
 
-from evalworld import make_world, untrained_model, world  # noqa: F401 - fixtures
+from tests.evalworld import make_world, untrained_model, world  # noqa: F401 - fixtures

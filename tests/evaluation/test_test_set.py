@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import load_config
+from pipeline import tasks
+from pipeline.checks import load_config
 from pipeline.data import runner
 from pipeline.evaluation.run import describe_test_set as describe
 
@@ -48,10 +49,10 @@ def write_source(path: Path) -> None:
 
 
 def prepare_and_evaluate(tmp_path: Path, untrained_model, *extra: str) -> tuple[dict, Path]:
-    from test_run import _main
     from transformers import PreTrainedTokenizerFast
 
     from pipeline.data.prepared import load_prepared
+    from tests.evaluation.test_run import _main
 
     src = tmp_path / "source.jsonl"
     write_source(src)
@@ -59,8 +60,8 @@ def prepare_and_evaluate(tmp_path: Path, untrained_model, *extra: str) -> tuple[
             "source.encoding=utf-8", "source.id_field=id", "source.split_field=split", "source.sample=1.0",
             "split.leakage_threshold=0.5", *extra]
     cfg = load_config(TINY, args)
-    runner.run(cfg, progress=False)
-    prepared = load_prepared(cfg)
+    runner.run(cfg, tasks.get(cfg.task), progress=False)
+    prepared = load_prepared(cfg, tasks.get(cfg.task))
     untrained_model(cfg.run_dir, PreTrainedTokenizerFast.from_pretrained(prepared.tokenizer_dir), prepared.info["label_names"])
     assert _main(["--config", str(TINY), "--split", "test", "--quiet", *args]) == 0
     return json.loads((cfg.run_dir / "eval" / "test-final" / "metrics.json").read_text()), cfg.data_dir / "stages"
@@ -118,7 +119,7 @@ def test_each_wording_from_the_manifests():
 
 
 def test_a_world_without_the_earlier_manifests_says_unknown(world):
-    from test_run import _main
+    from tests.evaluation.test_run import _main
 
     assert _main(["--config", str(world.config_path), "--split", "test", "--quiet", "eval.batch_size=4"]) == 0
     metrics = json.loads((world.run_dir / "eval" / "test-final" / "metrics.json").read_text())

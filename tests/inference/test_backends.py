@@ -8,7 +8,8 @@ import torch
 from accelerate import Accelerator
 from transformers import AutoModelForSequenceClassification
 
-from pipeline.config import ConfigError, load_config
+from pipeline.checks import load_config
+from pipeline.config import ConfigError
 from pipeline.inference import backends, predict
 from pipeline.tasks import classification as _classification
 
@@ -73,11 +74,11 @@ def test_eval_bf16_is_a_deprecated_spelling_of_precision_bf16(capsys, monkeypatc
 
 def test_validation_during_training_scores_int8_as_evaluate_does(world):
     from pipeline.tasks.classification.score import logit_metrics
-    from pipeline.training.evaluation import evaluate
+    from pipeline.training.validation import validate
 
     model, ds, acc = _final(world), _test_split(world), Accelerator(cpu=True)
     model.train()
-    got = evaluate(acc, model, ds, 4, CLASSIFICATION, {"label_names": world.label_names}, precision="int8")
+    got = validate(acc, model, ds, 4, CLASSIFICATION, {"label_names": world.label_names}, precision="int8")
     assert model.training  # handed back in training mode, never quantized in place
     logits = predict.predict_logits(model, ds, batch_size=4, accelerator=acc, precision="int8", progress=False)
     want = logit_metrics(logits, ds["label"][:], world.label_names)

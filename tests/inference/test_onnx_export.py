@@ -14,7 +14,8 @@ from safetensors.torch import save_file
 from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
 
 from pipeline import artifacts
-from pipeline.config import ConfigError, load_config
+from pipeline.checks import load_config
+from pipeline.config import ConfigError
 from pipeline.inference import backends, onnx_export, onnx_template, predict
 from pipeline.tasks import classification as _classification
 from pipeline.training import checkpoint
@@ -178,12 +179,12 @@ def test_a_crash_mid_export_leaves_no_half_written_cache(world, tmp_path, monkey
 
 
 def test_validation_exports_into_the_run_dir_and_cleans_up(world):
-    from pipeline.training.evaluation import evaluate
+    from pipeline.training.validation import validate
 
     model, ds = _final(world), _test_split(world)
     model.train()
-    got = evaluate(ACC, model, ds, 4, CLASSIFICATION, {"label_names": world.label_names}, "fp32", "onnxruntime", world.run_dir)
-    want = evaluate(ACC, model, ds, 4, CLASSIFICATION, {"label_names": world.label_names}, "fp32")
+    got = validate(ACC, model, ds, 4, CLASSIFICATION, {"label_names": world.label_names}, "fp32", "onnxruntime", world.run_dir)
+    want = validate(ACC, model, ds, 4, CLASSIFICATION, {"label_names": world.label_names}, "fp32")
     assert model.training and model.config._attn_implementation != "eager"  # the training model is untouched
     assert got["loss"] == pytest.approx(want["loss"], abs=1e-5) and got["accuracy"] == want["accuracy"]
     # no export left behind: only the run's template (onnx_template), complete, in run/.onnx/
@@ -222,7 +223,7 @@ def test_validation_exports_once_per_run_and_scores_exactly_as_a_full_export(wor
     (30 steps, validation every 2: 320 s). Now a run exports its graph once (two probes with random weights
     learn how its weight tensors are made); each validation only puts the weights in (+ int8 quantization)
     and scores exactly what a full export of the same weights scores, at every step."""
-    from pipeline.training.evaluation import evaluate
+    from pipeline.training.validation import validate
 
     model, ds, info = _final(world), _test_split(world), {"label_names": world.label_names}
     run, generator, losses = tmp_path / "run", torch.Generator().manual_seed(0), []
@@ -231,12 +232,12 @@ def test_validation_exports_once_per_run_and_scores_exactly_as_a_full_export(wor
             _nudge(model, generator)
         model.train()
         exports, traces = len(counted), len(traced)
-        got = evaluate(ACC, model, ds, 4, CLASSIFICATION, info, precision, "onnxruntime", run)
+        got = validate(ACC, model, ds, 4, CLASSIFICATION, info, precision, "onnxruntime", run)
         if validation == 0:  # the two probes, and a full export: the exporter merges the equal tensors
             assert (len(counted) - exports, len(traced) - traces) == (1, 3)
         else:  # neither a full export nor a TorchScript trace
             assert (len(counted) - exports, len(traced) - traces) == (0, 0)
-        fresh = evaluate(ACC, model, ds, 4, CLASSIFICATION, info, precision, "onnxruntime")  # a full export
+        fresh = validate(ACC, model, ds, 4, CLASSIFICATION, info, precision, "onnxruntime")  # a full export
         assert got == fresh  # every metric, number for number
         np.testing.assert_array_equal(
             predict.predict_logits(model, ds, 4, ACC, precision, progress=False, runtime="onnxruntime", scratch=run),
@@ -253,12 +254,12 @@ def test_validation_exports_once_per_run_and_scores_exactly_as_a_full_export(wor
 
 def test_a_validation_template_that_does_not_match_its_manifest_is_built_again_never_used(world, tmp_path, counted,
                                                                                           traced, capsys):
-    from pipeline.training.evaluation import evaluate
+    from pipeline.training.validation import validate
 
     model, ds, info = _final(world), _test_split(world), {"label_names": world.label_names}
     run = tmp_path / "run"
     _nudge(model, torch.Generator().manual_seed(1))
-    evaluate(ACC, model, ds, 4, CLASSIFICATION, info, "int8", "onnxruntime", run)
+    validate(ACC, model, ds, 4, CLASSIFICATION, info, "int8", "onnxruntime", run)
     assert counted == [] and len(traced) == 2  # the template's two probes
     folder = onnx_template.folder_for(model, run)
     recipe = artifacts.read_json(folder / onnx_template.RECIPE)
@@ -267,28 +268,28 @@ def test_a_validation_template_that_does_not_match_its_manifest_is_built_again_n
     (folder / onnx_template.RECIPE).write_text(json.dumps(recipe))
     _nudge(model, torch.Generator().manual_seed(2))
     capsys.readouterr()
-    got = evaluate(ACC, model, ds, 4, CLASSIFICATION, info, "int8", "onnxruntime", run)
+    got = validate(ACC, model, ds, 4, CLASSIFICATION, info, "int8", "onnxruntime", run)
     assert len(traced) == 4  # built again
     assert f"warning: the ONNX validation template {folder} does not match its manifest (" in capsys.readouterr().err
     assert artifacts.check_files(folder) is None  # whole again
-    assert got == evaluate(ACC, model, ds, 4, CLASSIFICATION, info, "int8", "onnxruntime")
+    assert got == validate(ACC, model, ds, 4, CLASSIFICATION, info, "int8", "onnxruntime")
 
 
 def test_a_model_whose_export_cannot_be_replayed_is_exported_at_every_validation(world, tmp_path, counted, capsys,
                                                                                  monkeypatch):
-    from pipeline.training.evaluation import evaluate
+    from pipeline.training.validation import validate
 
     monkeypatch.setattr(onnx_template, "derive", lambda *_: (None, "its tensor X is made some other way"))
     model, ds, info = _final(world), _test_split(world), {"label_names": world.label_names}
     run = tmp_path / "run"
     _nudge(model, torch.Generator().manual_seed(1))
-    evaluate(ACC, model, ds, 4, CLASSIFICATION, info, "fp32", "onnxruntime", run)
+    validate(ACC, model, ds, 4, CLASSIFICATION, info, "fp32", "onnxruntime", run)
     assert "every validation exports the model anew (its tensor X is made some other way)" in capsys.readouterr().err
     _nudge(model, torch.Generator().manual_seed(2))
-    got = evaluate(ACC, model, ds, 4, CLASSIFICATION, info, "fp32", "onnxruntime", run)
+    got = validate(ACC, model, ds, 4, CLASSIFICATION, info, "fp32", "onnxruntime", run)
     assert counted == ["fp32", "fp32"]  # each validation exported in full, as before the template
     assert artifacts.read_json(onnx_template.folder_for(model, run) / artifacts.MANIFEST)["reusable"] is False
-    assert got == evaluate(ACC, model, ds, 4, CLASSIFICATION, info, "fp32", "onnxruntime")
+    assert got == validate(ACC, model, ds, 4, CLASSIFICATION, info, "fp32", "onnxruntime")
 
 
 def test_config_and_model_errors_are_one_line_naming_eval_runtime():

@@ -5,7 +5,8 @@ import dataclasses
 import pytest
 
 from pipeline import tasks
-from pipeline.config import ConfigError, load_config
+from pipeline.checks import load_config
+from pipeline.config import ConfigError
 from pipeline.data import runner
 from pipeline.task import Task
 
@@ -13,7 +14,7 @@ from pipeline.task import Task
 def test_the_default_task_is_classification_and_every_existing_config_means_what_it_meant():
     cfg = load_config(None)
     assert cfg.task == "classification" and tasks.get(cfg.task) is tasks.TASKS["classification"]
-    assert [s.name for s in runner.stage_table(cfg)] == ["load", "clean", "dedup", "split", "label", "tokenize"]
+    assert [s.name for s in runner.stage_table(cfg, tasks.get(cfg.task))] == ["load", "clean", "dedup", "split", "label", "tokenize"]
 
 
 def test_an_unknown_task_is_one_line_naming_the_key_and_the_closest():
@@ -37,13 +38,16 @@ def test_every_field_of_the_contract_is_filled_by_every_task():
     names = [f.name for f in dataclasses.fields(Task) if f.default is dataclasses.MISSING]
     assert [f.name for f in dataclasses.fields(Task) if f.name not in names] == [
         "outputs", "loss_tokens", "samples", "peft_task_type", "head", "final_config", "strata", "pipeline_tag",
-        "card_metrics"]
+        "model_kind", "card_data", "card_metrics", "sections", "pairs", "max_tokens", "output_width",
+        "cpu_bf16_attention"]
     for name, task in tasks.TASKS.items():
         assert task.name == name
         assert all(getattr(task, f) is not None for f in names), name
         assert task.peft_task_type in ("SEQ_CLS", "CAUSAL_LM"), name
         assert task.pipeline_tag in ("text-classification", "text-generation"), name
-        assert task.card_metrics is not Task.card_metrics, name
+        assert task.card_metrics is not Task.card_metrics and task.card_data is not Task.card_data, name
+        assert task.model_kind != "model" and all(hasattr(load_config(None), s) for s in task.sections), name
+        assert (task.outputs is None) == (task.output_width == 0), name  # a task's own outputs say their width
 
 
 def test_a_registered_task_supplies_the_stages_after_split(monkeypatch):
@@ -52,5 +56,40 @@ def test_a_registered_task_supplies_the_stages_after_split(monkeypatch):
     extra = lambda cfg, tokenize: [*base.stages(cfg, tokenize), dataclasses.replace(tokenize, name="pack")]  # noqa: E731
     monkeypatch.setitem(tasks.TASKS, "packed", dataclasses.replace(base, name="packed", stages=extra))
     cfg = load_config(None, ["task=packed"])
-    assert [s.name for s in runner.stage_table(cfg)][-3:] == ["label", "tokenize", "pack"]
-    assert runner.data_config_fingerprint(cfg) != runner.data_config_fingerprint(load_config(None))
+    assert [s.name for s in runner.stage_table(cfg, tasks.get(cfg.task))][-3:] == ["label", "tokenize", "pack"]
+    default = load_config(None)
+    assert runner.data_config_fingerprint(cfg, tasks.get(cfg.task)) != runner.data_config_fingerprint(
+        default, tasks.get(default.task))
+
+
+TASK_WORDS = {*tasks.TASKS, "SEQ_CLS", "CAUSAL_LM"}  # the tasks' names and peft's task types
+
+
+def _code_strings(path):
+    """Every string constant of a module's code: docstrings, and the help texts of the schema's fields, left out."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    helps = {id(arg) for node in ast.walk(tree) if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "opt"
+             for arg in node.args[1:2]}
+    return [(node.lineno, node.value) for node in ast.walk(tree) if isinstance(node, ast.Constant)
+            and isinstance(node.value, str) and id(node) not in docs | helps]
+
+
+def test_shared_code_names_no_task():
+    """Outside pipeline/tasks/ a task is its registry line: no string in the shared code's logic is a task's name
+    or peft task type (a tuple of the tasks that take pairs, a card's per-task wording, a branch on cfg.task), so
+    a new task edits no shared file (tests/tasks/tagging/ proves it end to end). The schema's default task is
+    the one allowed name."""
+    from pathlib import Path
+
+    import pipeline
+
+    root = Path(pipeline.__file__).parent
+    found = [f"{path.relative_to(root)}:{line}: {value!r}"
+             for path in sorted(root.rglob("*.py")) if "tasks" not in path.relative_to(root).parts
+             for line, value in _code_strings(path) if value in TASK_WORDS]
+    assert found == ["schema.py:315: 'classification'"]

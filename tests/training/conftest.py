@@ -1,8 +1,9 @@
 """Fixtures of the training tests (helpers live in trainkit.py, importable by name)."""
 
 import pytest
-from accelkit import reset
-from trainkit import build_prepared
+
+from tests.accelkit import reset
+from tests.training.trainkit import build_prepared
 
 
 @pytest.fixture

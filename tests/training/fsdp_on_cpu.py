@@ -33,7 +33,7 @@ from pipeline.training import checkpoint  # noqa: E402
 GLOBAL_BATCH, SEQ, STEPS, SAVE_AT = 8, 12, 6, 3
 
 
-LORA = False  # MODE chain-lora: the model gets LoRA adapters (pipeline.adapters), as peft.method=lora does
+LORA = False  # MODE chain-lora: the model gets LoRA adapters (pipeline.models.lora), as peft.method=lora does
 
 
 def make_model():
@@ -45,11 +45,11 @@ def make_model():
     model = BertForSequenceClassification(cfg)
     if not LORA:
         return model
-    from pipeline import adapters
+    from pipeline.models import lora
     from pipeline.schema import PeftConfig
 
-    conf = adapters.lora_config(PeftConfig(method="lora", r=4, dropout=0.0), "SEQ_CLS", ["classifier"], None)
-    return adapters.wrap(model, conf)
+    conf = lora.lora_config(PeftConfig(method="lora", r=4, dropout=0.0), "SEQ_CLS", ["classifier"], None)
+    return lora.wrap(model, conf)
 
 
 def batch(step: int, rank: int, world: int) -> dict:
@@ -131,11 +131,11 @@ def final_export_equal(acc, model, want: dict, out: Path) -> bool:
     from pipeline.training import rundir
 
     if LORA:  # as training exports an adapted model: a fresh copy given the trained tensors, merged
-        from pipeline import adapters
+        from pipeline.models import lora
 
         fresh = make_model()
-        adapters.load_trained(out, fresh, dict(want))
-        want = adapters.merged_copy(fresh).state_dict()
+        lora.load_trained(out, fresh, dict(want))
+        want = lora.merged_copy(fresh).state_dict()
         rundir.export_final(fresh, _NoTokenizer(), out, {"step": STEPS})
     else:
         rundir.export_final(acc.unwrap_model(model), _NoTokenizer(), out, {"step": STEPS}, dict(want))  # it pops keys

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainkit import REPO, records
+from tests.training.trainkit import REPO, records
 
 CONFIGS = REPO / "configs" / "accelerate"
 

@@ -8,15 +8,15 @@ import json
 
 import pytest
 import torch
-from accelkit import reset
-from trainkit import clone_prepared, final_weights, run_dir
 
 from pipeline import accel
-from pipeline.config import load_config
+from pipeline.checks import load_config
 from pipeline.inference import backends
 from pipeline.training import signals
 from pipeline.training.build import Precision, choose_precision
 from pipeline.training.loop import train
+from tests.accelkit import reset
+from tests.training.trainkit import clone_prepared, final_weights, run_dir
 
 AVX2 = "avx2 fma"  # bf16 emulated
 NATIVE = "avx2 avx512f avx512_bf16 avx512_vnni"
@@ -155,9 +155,13 @@ def test_a_run_records_its_choice_and_a_resume_on_the_other_kind_of_cpu_keeps_it
 def test_train_attention_auto_is_eager_only_for_a_classifier_in_bf16_on_a_cpu():
     from pipeline.training.build import training_attention
 
-    assert training_attention("auto", "bf16", "cpu", sequence_classifier=True) == "eager"
-    assert training_attention("auto", "no", "cpu", sequence_classifier=True) is None  # fp32: SDPA as fast here
-    assert training_attention("auto", "bf16", "cuda", sequence_classifier=True) is None
-    assert training_attention("auto", "bf16", "cpu", sequence_classifier=False) is None  # LM tasks keep theirs
-    assert training_attention("sdpa", "bf16", "cpu", sequence_classifier=True) == "sdpa"
-    assert training_attention("eager", "no", "cpu", sequence_classifier=False) == "eager"
+    assert training_attention("auto", "bf16", "cpu", cpu_bf16="eager") == "eager"
+    assert training_attention("auto", "no", "cpu", cpu_bf16="eager") is None  # fp32: SDPA as fast here
+    assert training_attention("auto", "bf16", "cuda", cpu_bf16="eager") is None
+    assert training_attention("auto", "bf16", "cpu", cpu_bf16="") is None  # LM tasks keep theirs
+    assert training_attention("sdpa", "bf16", "cpu", cpu_bf16="eager") == "sdpa"
+    assert training_attention("eager", "no", "cpu", cpu_bf16="") == "eager"
+    from pipeline import tasks
+
+    assert {n: t.cpu_bf16_attention for n, t in tasks.TASKS.items()} == {
+        "classification": "eager", "multilabel": "eager", "regression": "eager", "causal_lm": "", "instruct": ""}

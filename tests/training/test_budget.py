@@ -8,12 +8,12 @@ import shutil
 from types import SimpleNamespace
 
 import pytest
-from trainkit import clone_prepared, records, run_dir, trajectory
 
 from pipeline import artifacts
-from pipeline.config import load_config
+from pipeline.checks import load_config
 from pipeline.training import budget, checkpoint, signals
 from pipeline.training.loop import train
+from tests.training.trainkit import clone_prepared, records, run_dir, trajectory
 
 
 def _t(eval_every=0, save_every=0, save_at_epoch_end=False):

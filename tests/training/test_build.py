@@ -4,13 +4,13 @@ tokenizer, zero steps, missing data, an output directory holding another run."""
 from __future__ import annotations
 
 import pytest
-from trainkit import run_dir
 
 from pipeline import accel
-from pipeline.config import load_config
+from pipeline.checks import load_config
 from pipeline.train import main
 from pipeline.training import build, signals
 from pipeline.training.loop import train
+from tests.training.trainkit import run_dir
 
 
 def test_fp16_without_gpu_and_slow_bf16_are_refused(monkeypatch, capsys):

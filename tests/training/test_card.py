@@ -7,10 +7,11 @@ import subprocess
 import sys
 
 import pytest
-from trainkit import REPO, _env, build_prepared_lm, run_dir, run_train
 
-from pipeline import artifacts, card
-from pipeline.config import load_config
+from pipeline import artifacts
+from pipeline.checks import load_config
+from pipeline.training import card
+from tests.training.trainkit import REPO, _env, build_prepared_lm, run_dir, run_train
 
 
 @pytest.mark.slow

@@ -9,14 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from trainkit import run_dir
 
 from pipeline import artifacts
-from pipeline.config import load_config
+from pipeline.checks import load_config
 from pipeline.training import checkpoint, signals
 from pipeline.training.loop import train
 from pipeline.training.setup import check_resumable
 from pipeline.training.state_io import TrainState
+from tests.training.trainkit import run_dir
 
 
 def _fake(root, name: str, step: int, metrics: dict | None = None, complete: bool = True):
@@ -211,7 +211,7 @@ def test_planted_pickles_never_run_and_corrupt_newest_falls_back(prepared, fresh
 
 
 def _torchrun(nproc: int, mode: str, out, timeout: int = 300) -> str:
-    from multikit import env, free_port
+    from tests.training.multikit import env, free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
            str(Path(__file__).with_name("fsdp_on_cpu.py")), mode, str(out)]

@@ -128,7 +128,7 @@ def test_gradient_checkpointing_replays_the_same_masks():
 def test_the_training_loop_trains_a_cpu_run_with_it(prepared, fresh_accelerate, monkeypatch):
     """train() changes the model's dropouts on a CPU: every nn.Dropout of the toy BERT (embeddings, 3 a layer,
     the classifier's) before the first step."""
-    from pipeline.config import load_config
+    from pipeline.checks import load_config
     from pipeline.training import dropout, signals
     from pipeline.training.loop import train
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from trainkit import build_prepared, clone_prepared, records, run_dir, run_train
-
-from pipeline.config import load_config
+from pipeline.checks import load_config
 from pipeline.training import signals
 from pipeline.training.loop import train
+from tests.training.trainkit import build_prepared, clone_prepared, records, run_dir, run_train
 
 
 def _finished(prepared):
@@ -185,7 +184,7 @@ def _evaluate(config: Path, *extra: str):
     import subprocess
     import sys
 
-    from trainkit import REPO
+    from tests.training.trainkit import REPO
 
     cmd = [sys.executable, str(REPO / "pipeline" / "evaluate.py"), "--config", str(config), "--quiet", *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
@@ -223,7 +222,7 @@ def test_a_full_disk_during_a_checkpoint_save_is_one_line_with_the_space_needed_
     """Was a 46-line traceback ending in torch's `unexpected pos`; the run resumed fine after freeing space."""
     import json
 
-    from trainkit import launch, log_text
+    from tests.training.trainkit import launch, log_text
 
     config = prepared(train={"epochs": 1, "save_every": 5, "keep_last": 2})
     proc = launch(config, crash=("disk_full", 2))  # the second checkpoint, at step 10

@@ -11,11 +11,12 @@ import random
 
 import pytest
 import yaml
-from multikit import launch_two_processes, log_of, wait_all
-from trainkit import final_weights, launch, log_text, records, run_dir
 
-from pipeline.config import load_config
+from pipeline import tasks
+from pipeline.checks import load_config
 from pipeline.data import runner
+from tests.training.multikit import launch_two_processes, log_of, wait_all
+from tests.training.trainkit import final_weights, launch, log_text, records, run_dir
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +62,7 @@ def _config(folder, source, kind: str):
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "config.yaml"
     config.write_text(yaml.safe_dump(tree), encoding="utf-8")
-    runner.run(load_config(config), progress=False)
+    runner.run(c := load_config(config), tasks.get(c.task), progress=False)
     return config
 
 

@@ -8,12 +8,12 @@ import json
 
 import pytest
 import torch
-from trainkit import LABELS, clone_prepared, records, run_dir
 
 from pipeline import tasks
-from pipeline.config import load_config
+from pipeline.checks import load_config
 from pipeline.training import build, checkpoint, signals
 from pipeline.training.loop import train
+from tests.training.trainkit import LABELS, clone_prepared, records, run_dir
 
 SCALARS = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/samples_per_s",
            "train/padding_fraction", "eval/loss", "eval/accuracy", "eval/macro_f1"}
@@ -104,10 +104,10 @@ def test_a_log_record_covers_its_whole_window(prepared, fresh_accelerate, tmp_pa
 def test_the_heaps_free_pages_go_back_every_release_memory_every_steps(prepared, fresh_accelerate, monkeypatch, every):
     """train.release_memory_every=3: malloc_trim after steps 3, 6, ... (varying batch shapes must not grow
     the resident size run after run: bench_memory.py); 0 turns it off."""
-    from pipeline import allocator
+    from pipeline.training import memory
 
     at = []
-    monkeypatch.setattr(allocator, "release_free_heap", lambda: at.append(True) or True)
+    monkeypatch.setattr(memory, "release_free_heap", lambda: at.append(True) or True)
     config = prepared(train={"epochs": 1, "log_every": 1, "save_every": 0, "release_memory_every": every})
     assert train(load_config(config), str(config)) == signals.EXIT_OK
     steps = records(run_dir(config))[-1]["step"]

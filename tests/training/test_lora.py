@@ -13,10 +13,16 @@ import sys
 import numpy as np
 import pytest
 import torch
-from multikit import launch_two_processes, log_of, stop, wait_all, workers
-from multikit import wait_for_step as multi_wait_for_step
 from safetensors.torch import load_file, save_file
-from trainkit import (
+
+from pipeline import tasks
+from pipeline.checks import load_config
+from pipeline.evaluation import model as model_io
+from pipeline.models import lora
+from pipeline.training import checkpoint
+from tests.training.multikit import launch_two_processes, log_of, stop, wait_all, workers
+from tests.training.multikit import wait_for_step as multi_wait_for_step
+from tests.training.trainkit import (
     REPO,
     build_prepared,
     build_prepared_lm,
@@ -31,11 +37,6 @@ from trainkit import (
     with_pretrained_base,
 )
 
-from pipeline import adapters
-from pipeline.config import load_config
-from pipeline.evaluation import model as model_io
-from pipeline.training import checkpoint
-
 pytestmark = pytest.mark.slow
 
 # 160 rows, batch 8: 20 steps per epoch, 2 epochs
@@ -44,7 +45,7 @@ TRAIN = {"epochs": 2, "batch_size": 8, "lr": 1e-2, "log_every": 1, "eval_every":
 
 
 @pytest.fixture(scope="module")
-def lora(tmp_path_factory):
+def lora_run(tmp_path_factory):
     """A LoRA classifier on a tiny 'pretrained' BERT, trained once, uninterrupted."""
     root = tmp_path_factory.mktemp("lora")
     cfg = with_pretrained_base(build_prepared(root, train=TRAIN))
@@ -56,20 +57,20 @@ def lora(tmp_path_factory):
 def _rows(cfg, n: int = 16) -> dict:
     from pipeline.data.prepared import load_prepared
 
-    test = load_prepared(load_config(cfg), str(cfg)).splits["test"].select(range(n))
+    test = load_prepared(c := load_config(cfg), tasks.get(c.task), str(cfg)).splits["test"].select(range(n))
     ids = [torch.tensor(x) for x in test["input_ids"]]
     batch = torch.nn.utils.rnn.pad_sequence(ids, batch_first=True)
     return {"input_ids": batch, "attention_mask": (batch != 0).long()}
 
 
-def test_checkpoints_hold_only_what_trains(lora):
-    cfg, out = lora
+def test_checkpoints_hold_only_what_trains(lora_run):
+    cfg, out = lora_run
     run = run_dir(cfg)
     assert "0.001 M of them trained" in out  # the describe line: what trains, of how much
     newest = checkpoint.complete_checkpoints(run / "checkpoints")[-1][0]
     saved = load_file(str(newest / "model.safetensors"))
     model = model_io.load_model(newest, run, _auto())  # merged for inference, so rebuild the adapted one here
-    assert not adapters.is_adapted(model)
+    assert not lora.is_adapted(model)
     names = {k for k in saved}
     assert names and all(".lora_" in k or ".modules_to_save." in k for k in names), sorted(names)[:5]
     assert {k.split(".modules_to_save.")[0].rsplit(".", 1)[-1] for k in names if "modules_to_save" in k} == {"classifier"}
@@ -85,13 +86,13 @@ def _auto():
     return AutoModelForSequenceClassification
 
 
-def test_final_adapter_merged_model_and_checkpoint_give_the_same_predictions(lora):
+def test_final_adapter_merged_model_and_checkpoint_give_the_same_predictions(lora_run):
     """evaluate.py's three ways in (final/ merged, final/adapter, the last checkpoint) and peft's own
     AutoPeftModel (unmerged) agree to 1e-5; the merged final/ is a plain transformers model."""
     from peft import AutoPeftModelForSequenceClassification
     from transformers import AutoConfig, AutoModelForSequenceClassification, pipeline
 
-    cfg, _ = lora
+    cfg, _ = lora_run
     run = run_dir(cfg)
     rows = _rows(cfg)
     merged = AutoModelForSequenceClassification.from_pretrained(run / "final").eval()
@@ -114,9 +115,9 @@ def test_final_adapter_merged_model_and_checkpoint_give_the_same_predictions(lor
     assert done.returncode == 0 and "accuracy" in done.stdout, done.stderr[-2000:]
 
 
-def test_a_resume_on_another_base_is_refused_in_one_line(lora, tmp_path):
+def test_a_resume_on_another_base_is_refused_in_one_line(lora_run, tmp_path):
     """Another base path, or the same path holding other weights: one line naming both bases."""
-    cfg, _ = lora
+    cfg, _ = lora_run
     mine = clone_prepared(cfg, tmp_path)
     shutil.copytree(cfg.parent / "base", tmp_path / "base")
     mine.write_text(mine.read_text().replace(str(cfg.parent / "base"), str(tmp_path / "base")))
@@ -135,9 +136,9 @@ def test_a_resume_on_another_base_is_refused_in_one_line(lora, tmp_path):
     assert "adapts base model" in last and "the config's is" in last, last
 
 
-def test_other_peft_settings_are_refused_on_resume(lora, tmp_path):
+def test_other_peft_settings_are_refused_on_resume(lora_run, tmp_path):
     """Another rank, alpha or target is another run: refused by fingerprint, before anything loads."""
-    cfg, _ = lora
+    cfg, _ = lora_run
     mine = clone_prepared(cfg, tmp_path)
     shutil.copytree(run_dir(cfg) / "checkpoints", run_dir(mine) / "checkpoints")
     done = run_train(mine, "--resume", "auto", "peft.r=8", "train.epochs=3")
@@ -146,11 +147,11 @@ def test_other_peft_settings_are_refused_on_resume(lora, tmp_path):
     assert done.returncode == 2 and "other [peft] settings" in done.stderr.strip().splitlines()[-1]
 
 
-def test_gradient_checkpointing_and_two_processes_with_lora(lora, tmp_path):
+def test_gradient_checkpointing_and_two_processes_with_lora(lora_run, tmp_path):
     """Two processes at batch 4 with non-reentrant gradient checkpointing (the frozen embeddings make the
     reentrant variant fail with 'element 0 of tensors does not require grad') == one process at batch 8,
     to fp32 tolerance; dropout is off in both."""
-    cfg, _ = lora
+    cfg, _ = lora_run
     one, two = clone_prepared(cfg, tmp_path / "one"), clone_prepared(cfg, tmp_path / "two")
     shutil.copytree(cfg.parent / "base", tmp_path / "base")  # the base without its dropout: ranks draw their own
     conf = json.loads((tmp_path / "base" / "config.json").read_text())
@@ -170,8 +171,8 @@ def test_gradient_checkpointing_and_two_processes_with_lora(lora, tmp_path):
     assert "does not require grad" not in log_of(two, "multi")
 
 
-def test_two_process_lora_resume_after_sigkill_equals_the_uninterrupted_run(lora, tmp_path):
-    cfg, _ = lora
+def test_two_process_lora_resume_after_sigkill_equals_the_uninterrupted_run(lora_run, tmp_path):
+    cfg, _ = lora_run
     ref, killed = clone_prepared(cfg, tmp_path / "ref"), clone_prepared(cfg, tmp_path / "killed")
     over = ("train.batch_size=4", "train.max_steps=30")
     reference = launch_two_processes(ref, *over)
@@ -189,8 +190,8 @@ def test_two_process_lora_resume_after_sigkill_equals_the_uninterrupted_run(lora
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_bf16_autocast_with_lora(lora, tmp_path):
-    cfg, _ = lora
+def test_bf16_autocast_with_lora(lora_run, tmp_path):
+    cfg, _ = lora_run
     mine = clone_prepared(cfg, tmp_path)
     done = run_train(mine, "train.mixed_precision=bf16", "train.allow_slow_bf16=true", "train.max_steps=6")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -223,10 +224,10 @@ def test_causal_lm_lora_adapter_and_merged_model_score_the_same(tmp_path):
         assert (base(input_ids=ids).logits - via_peft).abs().max() > 1e-4  # the adapter changed something
 
 
-def test_int8_and_onnx_runtime_score_a_merged_copy(lora, tmp_path):
+def test_int8_and_onnx_runtime_score_a_merged_copy(lora_run, tmp_path):
     """Quantization and ONNX export take a plain model: validation during a LoRA run and evaluate.py on a LoRA
     checkpoint score the adapter merged into its base, within int8's tolerance of the fp32 scores."""
-    cfg, _ = lora
+    cfg, _ = lora_run
     mine = clone_prepared(cfg, tmp_path)
     done = run_train(mine, "train.max_steps=4", "train.eval_every=2", "eval.precision=int8")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -245,10 +246,10 @@ def test_int8_and_onnx_runtime_score_a_merged_copy(lora, tmp_path):
     assert abs(scores["torch"]["loss"] - scores["onnxruntime"]["loss"]) < 1e-4
 
 
-def test_a_resume_after_the_last_step_exports_a_missing_final(lora, tmp_path):
+def test_a_resume_after_the_last_step_exports_a_missing_final(lora_run, tmp_path):
     """A run killed between its last checkpoint and its export: --resume auto has no step left, and exports
     final/ (adapter and merged model) from that checkpoint."""
-    cfg, _ = lora
+    cfg, _ = lora_run
     mine = clone_prepared(cfg, tmp_path)
     shutil.copytree(run_dir(cfg) / "checkpoints", run_dir(mine) / "checkpoints")
     done = run_train(mine, "--resume", "auto")
@@ -259,10 +260,10 @@ def test_a_resume_after_the_last_step_exports_a_missing_final(lora, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_an_adapter_whose_base_folder_moved_finds_it_by_the_runs_model_name(lora, tmp_path):
+def test_an_adapter_whose_base_folder_moved_finds_it_by_the_runs_model_name(lora_run, tmp_path):
     """adapter_config.json names the folder the base loaded from; where that is gone (a package reinstalled,
     a GGUF cache cleared), evaluation resolves the run's model.name_or_path again, and checks its weights."""
-    cfg, _ = lora
+    cfg, _ = lora_run
     final = shutil.copytree(run_dir(cfg) / "final", tmp_path / "final")
     conf = json.loads((final / "adapter" / "adapter_config.json").read_text())
     (final / "adapter" / "adapter_config.json").write_text(json.dumps({**conf, "base_model_name_or_path": "/gone/base"}))

@@ -27,7 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
-from multikit import (
+
+from pipeline.training import batching, checkpoint
+from tests.training.multikit import (
     launch_two_machines,
     launch_two_processes,
     log_of,
@@ -37,9 +39,16 @@ from multikit import (
     worker_exit_codes,
     workers,
 )
-from trainkit import build_prepared, clone_prepared, final_weights, launch, log_text, records, run_dir, trajectory
-
-from pipeline.training import batching, checkpoint
+from tests.training.trainkit import (
+    build_prepared,
+    clone_prepared,
+    final_weights,
+    launch,
+    log_text,
+    records,
+    run_dir,
+    trajectory,
+)
 
 pytestmark = pytest.mark.slow
 

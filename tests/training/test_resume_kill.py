@@ -13,7 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from trainkit import (
+
+from pipeline.accel import cpu_has_native_bf16
+from pipeline.training import checkpoint
+from tests.training.trainkit import (
     build_prepared,
     build_prepared_lm,
     clone_prepared,
@@ -26,9 +29,6 @@ from trainkit import (
     wait_for_step,
     with_pretrained_base,
 )
-
-from pipeline.accel import cpu_has_native_bf16
-from pipeline.training import checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.config import load_config
+from pipeline.checks import load_config
 from pipeline.training.setup import _fingerprints, check_resumable
 
 

@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
-from trainkit import REPO, _env, run_dir
 
 from pipeline.training import signals
+from tests.training.trainkit import REPO, _env, run_dir
 
 
 def test_signal_sets_the_flag_and_handlers_are_restored(capsys):

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from trainkit import REPO, _env, build_prepared, clone_prepared, records
 
 from pipeline.config import ConfigError
+from tests.training.trainkit import REPO, _env, build_prepared, clone_prepared, records
 
 SPACE = """name: s
 trials: 4
@@ -136,7 +136,7 @@ def test_trials_are_run_folders_with_their_parameters_and_the_table_is_written(s
 
 
 def test_the_sweep_file_is_checked_naming_the_file_and_key(tmp_path):
-    from pipeline import sweeping
+    from pipeline.sweeps import study
 
     cfg = build_prepared(tmp_path)
     cases = {
@@ -154,24 +154,24 @@ def test_the_sweep_file_is_checked_naming_the_file_and_key(tmp_path):
         space = tmp_path / "space.yaml"
         space.write_text(text, encoding="utf-8")
         with pytest.raises(ConfigError, match=rf"^{space}: {message}"):
-            sweeping.open_sweep(space, cfg, [])
+            study.open_sweep(space, cfg, [])
 
 
 def test_a_sweep_folder_continues_only_the_sweep_it_started(tmp_path):
-    from pipeline import sweeping
+    from pipeline.sweeps import study
 
     cfg = build_prepared(tmp_path)
     space = tmp_path / "space.yaml"
     space.write_text("name: a\ntrials: 2\nparams: {train.lr: {low: 1.0e-4, high: 1.0e-3}}\n", encoding="utf-8")
-    sweeping.open_sweep(space, cfg, [])
+    study.open_sweep(space, cfg, [])
     space.write_text("name: a\ntrials: 5\nparams: {train.lr: {low: 1.0e-4, high: 1.0e-3}}\n", encoding="utf-8")
-    sweeping.open_sweep(space, cfg, [])  # more trials: the same sweep, extended
+    study.open_sweep(space, cfg, [])  # more trials: the same sweep, extended
     space.write_text("name: a\ntrials: 5\nparams: {train.lr: {low: 1.0e-5, high: 1.0e-3}}\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"holds a sweep started with another search space .*\(only `trials` may change\)"):
-        sweeping.open_sweep(space, cfg, [])
+        study.open_sweep(space, cfg, [])
     with pytest.raises(ConfigError, match=r"holds a sweep started with another overrides"):
         space.write_text("name: a\ntrials: 5\nparams: {train.lr: {low: 1.0e-4, high: 1.0e-3}}\n", encoding="utf-8")
-        sweeping.open_sweep(space, cfg, ["train.epochs=3"])
+        study.open_sweep(space, cfg, ["train.epochs=3"])
 
 
 @pytest.mark.slow
@@ -197,33 +197,34 @@ def test_two_sweep_processes_share_one_study_and_run_each_trial_once(tmp_path):
 def test_a_trials_score_is_its_best_validation_even_without_a_finished_record(tmp_path):
     """A trial killed after its last checkpoint but before its `finished` line resumes to nothing to do: its score
     comes from its validations, the later step on a tie, in the metric's direction."""
-    from pipeline import sweeping
+    from pipeline.sweeps import study
 
     path = tmp_path / "metrics.jsonl"
     rows = [{"step": 1, "loss": 1.0}, {"step": 2, "eval": {"accuracy": 0.5, "loss": 0.9}},
             {"step": 4, "eval": {"accuracy": 0.7, "loss": 0.8}}, {"step": 6, "eval": {"accuracy": 0.7, "loss": 0.85}}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 7, "lo', encoding="utf-8")
-    assert sweeping._best(path, "accuracy", True) == {"step": 6, "value": 0.7}
-    assert sweeping._best(path, "loss", False) == {"step": 4, "value": 0.8}
+    assert study._best(path, "accuracy", True) == {"step": 6, "value": 0.7}
+    assert study._best(path, "loss", False) == {"step": 4, "value": 0.8}
     with pytest.raises(ValueError, match="without a validation of macro_f1"):
-        sweeping._best(path, "macro_f1", True)
+        study._best(path, "macro_f1", True)
 
 
 def test_the_summary_names_no_best_trial_while_every_finished_trial_was_pruned(tmp_path):
     """Optuna gives a pruned trial its last reported value but never ranks it: best_trial would raise."""
     import optuna
 
-    from pipeline import sweeping, trackers
-    from pipeline.config import load_config
+    from pipeline.checks import load_config
+    from pipeline.sweeps import study
+    from pipeline.training import trackers
 
-    study = optuna.create_study(direction="maximize")
+    optuna_study = optuna.create_study(direction="maximize")
     dist = {"train.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)}
-    trial = study.ask(dist)
+    trial = optuna_study.ask(dist)
     trial.report(0.4, 2)
-    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-    spec = sweeping.Spec(name="s", trials=2, params={})
-    sweep = sweeping.Sweep(spec, None, tmp_path / "c.yaml", [], tmp_path, dist, "accuracy", True, study=study)
-    rows, summary = sweeping._write_table(sweep)
+    optuna_study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    spec = study.Spec(name="s", trials=2, params={})
+    sweep = study.Sweep(spec, None, tmp_path / "c.yaml", [], tmp_path, dist, "accuracy", True, study=optuna_study)
+    rows, summary = study._write_table(sweep)
     assert [r["state"] for r in rows] == ["pruned"] and summary["best"] is None
     cfg = load_config(build_prepared(tmp_path), [f"run_folder={tmp_path / 'trial-0003'}"])
     assert trackers.run_name(cfg) == "trial-0003"  # each trial's tracker run is named for its folder

@@ -12,12 +12,13 @@ import subprocess
 import sys
 
 import pytest
-import trackerkit as tk
-from multikit import launch_two_processes, log_of, stop, wait_all, wait_for_step, workers
-from trainkit import REPO, _env, build_prepared, launch, run_dir, run_train
 
-from pipeline import trackers
-from pipeline.config import ConfigError, load_config
+import tests.trackerkit as tk
+from pipeline.checks import load_config
+from pipeline.config import ConfigError
+from pipeline.training import trackers
+from tests.training.multikit import launch_two_processes, log_of, stop, wait_all, wait_for_step, workers
+from tests.training.trainkit import REPO, _env, build_prepared, launch, run_dir, run_train
 
 ALL = ["tensorboard", "mlflow", "wandb", "aim"]
 READERS = {"mlflow": tk.mlflow_scalars, "wandb": tk.wandb_scalars, "aim": tk.aim_scalars}

@@ -64,8 +64,8 @@ def build_prepared(tmp: Path, kind: str = "wordpiece", n_train: int = 160, n_val
     """Write a config and the prepared data it points to; return the config path."""
     import datasets
 
-    from pipeline import artifacts
-    from pipeline.config import load_config
+    from pipeline import artifacts, tasks
+    from pipeline.checks import load_config
     from pipeline.data.runner import PREPARED, data_config_fingerprint
 
     config = write_config(tmp / "config.yaml", tmp / "out", kind, train, model)
@@ -85,7 +85,7 @@ def build_prepared(tmp: Path, kind: str = "wordpiece", n_train: int = 160, n_val
     tok.save_pretrained(str(stage / "tokenizer"))
     artifacts.write_json_atomic(stage / artifacts.MANIFEST, artifacts.manifest(stage="tokenize", stats={"label_names": LABELS}))
     artifacts.write_json_atomic(cfg.data_dir / PREPARED, {
-        "stage_dir": str(stage), "fingerprint": f"toy-{kind}-{n_train}", "config_fingerprint": data_config_fingerprint(cfg),
+        "stage_dir": str(stage), "fingerprint": f"toy-{kind}-{n_train}", "config_fingerprint": data_config_fingerprint(cfg, tasks.get(cfg.task)),
         "task": "classification", "data_info": {"label_names": LABELS},
     })
     return config
@@ -95,7 +95,8 @@ def build_prepared_lm(tmp: Path, train: dict | None = None, model: dict | None =
     """A folder of n_docs short documents prepared for task=causal_lm by the real stages (seconds): blocks
     of 16 tokens with many document boundaries, a 300-token BPE and the tiny GPT-2 of write_config.
     Returns the config path; the run lies where run_dir says, as for build_prepared."""
-    from pipeline.config import load_config
+    from pipeline import tasks
+    from pipeline.checks import load_config
     from pipeline.data import runner
 
     rng = random.Random(0)
@@ -116,7 +117,7 @@ def build_prepared_lm(tmp: Path, train: dict | None = None, model: dict | None =
     })
     tree["train"] = {"metric_for_best": "perplexity", "group_by_length": False, **tree["train"]}
     config.write_text(yaml.safe_dump(tree), encoding="utf-8")
-    runner.run(load_config(config), progress=False)
+    runner.run(c := load_config(config), tasks.get(c.task), progress=False)
     return config
 
 
@@ -222,12 +223,12 @@ def with_pretrained_base(config: Path, peft: dict | None = None) -> Path:
     import torch
 
     from pipeline import tasks
-    from pipeline.config import load_config
+    from pipeline.checks import load_config
     from pipeline.data.prepared import load_prepared
     from pipeline.training.build import load_tokenizer
 
     cfg = load_config(config)
-    prep = load_prepared(cfg, str(config))
+    prep = load_prepared(cfg, tasks.get(cfg.task), str(config))
     tok = load_tokenizer(prep.tokenizer_dir, cfg.model.from_scratch)
     torch.manual_seed(0)
     model = tasks.get(cfg.task).build_model(cfg, tok, prep.info)

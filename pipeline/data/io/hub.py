@@ -83,7 +83,7 @@ def load_hub(cfg: SourceConfig) -> dict:
 def _hub_table(ds, split: str, cfg: SourceConfig, start: int = 0, end: int | None = None) -> pa.Table:
     """Rows start:end of one split as strings; a ClassLabel column becomes its class names (-1,
     unlabelled, becomes ""); a list of labels (GoEmotions' Sequence(ClassLabel), or of strings) becomes its
-    names joined by readers.LABEL_LIST (multi-label data)."""
+    names as one text (readers.label_list)."""
     import datasets
 
     where = f"hub dataset '{cfg.path}' split '{split}'"
@@ -98,8 +98,8 @@ def _hub_table(ds, split: str, cfg: SourceConfig, start: int = 0, end: int | Non
     elif cfg.label_field and hasattr(feature, "feature"):  # Sequence / List of labels
         inner = feature.feature
         named = (lambda v: [inner.names[c] for c in v if c >= 0]) if isinstance(inner, datasets.ClassLabel) else list
-        values = [None if v is None else readers.label_list(named(v)) for v in table.column("label").to_pylist()]
-        table = table.set_column(table.column_names.index("label"), "label", pa.array(values, pa.string()))
+        values = [None if v is None else named(v) for v in table.column("label").to_pylist()]
+        table = table.set_column(table.column_names.index("label"), "label", readers.label_lists(values))
     if not cfg.split_field:
         table = table.append_column("source_split", pa.array([split] * table.num_rows, pa.string()))
     try:

@@ -25,11 +25,9 @@ def paired(source: Any) -> str:
     return "symmetric" if source.symmetric_pairs else "ordered"
 
 
-PAIR_TASKS = ("classification", "multilabel", "regression")
-
-
-def check_config(cfg: Any) -> None:
-    """source.text_pair_field and the settings it cannot go with, before any work (one line each)."""
+def check_config(cfg: Any, pair_tasks: list[str]) -> None:
+    """source.text_pair_field and the settings it cannot go with, before any work (one line each); `pair_tasks`:
+    the tasks that read pairs (Task.pairs)."""
     src = cfg.source
     if not src.text_pair_field:
         if src.symmetric_pairs:
@@ -39,9 +37,9 @@ def check_config(cfg: Any) -> None:
     if src.text_pair_field == src.text_field:
         raise ValueError(f"source.text_pair_field: '{src.text_pair_field}' is source.text_field too; a pair's two "
                          f"texts come from two columns")
-    if cfg.task not in PAIR_TASKS:
+    if cfg.task not in pair_tasks:
         raise ValueError(f"source.text_pair_field: task={cfg.task} does not take sentence pairs (tasks that do: "
-                         f"{', '.join(PAIR_TASKS)})")
+                         f"{', '.join(pair_tasks)})")
     if src.format in ("folder", "conversations") or src.messages_field or src.prompt_field:
         what = f"source.format={src.format}" if src.format in ("folder", "conversations") else \
             ("source.messages_field" if src.messages_field else "source.prompt_field")

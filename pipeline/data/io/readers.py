@@ -29,7 +29,7 @@ from pipeline.schema import SourceConfig
 _SURROGATE = re.compile("[\ud800-\udfff]")
 PROMPT = "prompt"  # source.prompt_field's values, until load.finish_rows makes them and the completions one conversation
 PAIR = "text_pair"  # source.text_pair_field's values, until load.finish_rows makes them and the texts one pair
-LABEL_LIST = "\x1f"  # a label that is a list (multi-label data) is its values joined by this (task=multilabel splits)
+LABEL_LIST = "\x1f"  # a raw label that is a list is its items joined by this, as one text (label_list)
 
 
 def needed_columns(cfg: SourceConfig) -> dict[str, str]:
@@ -336,8 +336,15 @@ def _parse_record(line: str, fields: dict[str, str], messages: bool = False) -> 
 
 
 def label_list(values: list) -> str:
-    """A list label's values (multi-label data) as one text; None values are left out."""
+    """A raw label that is a list, as the load stage stores every raw label: one text, its items joined by
+    LABEL_LIST (None items left out). Every reader of a format with lists (JSONL, Parquet, the hub) stores them
+    so; a task whose labels are lists splits them again in its label stage."""
     return LABEL_LIST.join(x if isinstance(x, str) else json.dumps(x) for x in values if x is not None)
+
+
+def label_lists(values: list) -> pa.Array:
+    """A column of list labels (None for a row without one) as texts (label_list)."""
+    return pa.array([None if v is None else label_list(v) for v in values], pa.string())
 
 
 def read_parquet(path: Path, cfg: SourceConfig, part: Part = WHOLE) -> tuple[pa.Table, Facts]:

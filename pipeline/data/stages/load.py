@@ -227,9 +227,8 @@ def _as_string(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:
     if name not in table.column_names:
         return pa.chunked_array([pa.array([""] * table.num_rows, pa.string())])
     col = table.column(name)
-    if name == "label" and (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):  # multi-label data
-        return pa.chunked_array([pa.array([None if v is None else readers.label_list(v) for v in col.to_pylist()],
-                                          pa.string())]).fill_null("")
+    if name == "label" and (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):  # a list per row
+        return pa.chunked_array([readers.label_lists(col.to_pylist())]).fill_null("")
     try:
         col = col.cast(pa.string())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

@@ -22,7 +22,7 @@ import numpy as np
 from pipeline.data.engines.base import StageContext, StageResult
 from pipeline.data.engines.ops import SPLITS, TEXT, add_up, column
 from pipeline.data.io import pair
-from pipeline.resolve import resolve_pretrained
+from pipeline.models.pretrained import resolve_pretrained
 from pipeline.schema import TokenizeConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "merges.txt",
@@ -324,6 +324,14 @@ def stats_of(tally: tuple[Counter, int]) -> dict:
     counts = np.array([by_length[v] for v in values.tolist()], dtype=np.int64)
     return {"p50": percentile_of_counts(values, counts, 50), "p95": percentile_of_counts(values, counts, 95),
             "max": int(values[-1]), "truncated_fraction": round(truncated / n, 4)}
+
+
+def card_line(manifest: dict) -> str:
+    """The model card's line for this stage's manifest: the tokenizer, max_length, how much of train was cut."""
+    st = manifest.get("stats", {})
+    trunc = st.get("train", {}).get("truncated_fraction")
+    return (f"- **Tokens**: {st.get('kind')} tokenizer, max_length {st.get('max_length')}"
+            + (f"; {trunc:.1%} of train truncated." if trunc is not None else "."))
 
 
 def tokenize(dd, cfg: TokenizeConfig, ctx: StageContext) -> StageResult:

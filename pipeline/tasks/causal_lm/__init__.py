@@ -39,6 +39,23 @@ def check_model(model, info: dict, ckpt) -> None:
     blocks of lm.block_size: build.check_fit with prepared.longest_example)."""
 
 
+def card_data(manifests: dict) -> list[str]:
+    """The model card's line for the tokenize stage: train tokens in blocks (task=instruct: its template and the
+    answer tokens the loss is on)."""
+    st = manifests.get("tokenize", {}).get("stats", {})
+    if "block_size" not in st:
+        return []
+    template = (f", the {st['template']} template, loss on {st['train']['target_tokens']:,} answer tokens"
+                if "template" in st else "")
+    return [f"- **Tokens**: {st.get('kind')} tokenizer, {st['train'].get('tokens', 0):,} train tokens in blocks of "
+            f"{st['block_size']}{template}."]
+
+
+def max_tokens(cfg, info: dict) -> int:
+    """An example is a block: lm.block_size as the prepared data recorded it."""
+    return info["block_size"]
+
+
 def card_metrics(metrics: dict) -> list[tuple[str, str, float]]:
     """A model card's figures: perplexity per token, and bits per byte (comparable across tokenizers)."""
     m = metrics["lm"]
@@ -65,5 +82,10 @@ TASK = Task(
     samples=sample.samples,
     peft_task_type="CAUSAL_LM",
     pipeline_tag="text-generation",
+    model_kind="causal language model",
+    card_data=card_data,
     card_metrics=card_metrics,
+    sections=("lm",),
+    max_tokens=max_tokens,
+    output_width=2,  # row_losses: summed loss and target count
 )

@@ -3,8 +3,8 @@ built from the config (model.from_scratch=gpt2) with the prepared tokenizer's vo
 
 from __future__ import annotations
 
-from pipeline import adapters
-from pipeline.resolve import load_pretrained, resolve_pretrained
+from pipeline.models import lora
+from pipeline.models.pretrained import load_pretrained, resolve_pretrained
 
 
 def build_model(cfg, tok, info: dict):
@@ -14,7 +14,7 @@ def build_model(cfg, tok, info: dict):
 
     m = cfg.model
     if not m.from_scratch:
-        model = load_pretrained(AutoModelForCausalLM, resolve_pretrained(m.name_or_path), **adapters.load_kwargs(cfg))
+        model = load_pretrained(AutoModelForCausalLM, resolve_pretrained(m.name_or_path), **lora.load_kwargs(cfg))
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         model.config.use_cache = False

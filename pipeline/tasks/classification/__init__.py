@@ -4,6 +4,7 @@ is AutoModelForSequenceClassification; validation and evaluation score logits of
 from __future__ import annotations
 
 from pipeline.data.engines.base import Stage
+from pipeline.data.stages import tokenize as tokenize_stage
 from pipeline.task import Task
 from pipeline.tasks.classification import collate, evaluate, label, model, report, score
 
@@ -39,6 +40,14 @@ def head(model) -> list[str]:
             if n != model.base_model_prefix and next(m.parameters(), None) is not None]
 
 
+def card_data(manifests: dict) -> list[str]:
+    """The model card's lines for the label and tokenize stages: the classes' counts in train, the tokens."""
+    stats = manifests.get("label", {}).get("stats")
+    counts = (stats or {}).get("class_counts", {}).get("train", {})
+    lines = ["- **Classes in train**: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()) + "."] if stats else []
+    return lines + ([tokenize_stage.card_line(manifests["tokenize"])] if "tokenize" in manifests else [])
+
+
 def card_metrics(metrics: dict) -> list[tuple[str, str, float]]:
     """A model card's figures: document-level accuracy and macro F1 (a document's chunks vote)."""
     d = metrics["document"]
@@ -63,5 +72,10 @@ TASK = Task(
     peft_task_type="SEQ_CLS",
     head=head,
     pipeline_tag="text-classification",
+    model_kind="text classifier",
+    card_data=card_data,
     card_metrics=card_metrics,
+    sections=("label",),
+    pairs=True,
+    cpu_bf16_attention="eager",
 )

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 
-from pipeline import adapters
 from pipeline.inference.first_token import compute_first_token_only
-from pipeline.resolve import load_pretrained, resolve_pretrained
+from pipeline.models import lora
+from pipeline.models.pretrained import load_pretrained, resolve_pretrained
 from pipeline.schema import ModelConfig
 
 ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attention_dropout", "attn_pdrop")  # BERT-likes, DistilBERT, GPT-2
@@ -40,7 +40,7 @@ def build_model(cfg, tok, info: dict):
     if not m.from_scratch:
         src = resolve_pretrained(m.name_or_path)
         model, info = load_pretrained(AutoModelForSequenceClassification, src, output_loading_info=True, **labels,
-                                      **attention_dropout(m, src), **adapters.load_kwargs(cfg))
+                                      **attention_dropout(m, src), **lora.load_kwargs(cfg))
         if info["missing_keys"] and os.environ.get("RANK", "0") == "0":  # one line, not transformers' report table
             print(f"new, randomly initialised (expected for a new task): {', '.join(sorted(info['missing_keys']))}",
                   flush=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from pipeline.data.engines.base import Stage
+from pipeline.data.stages import tokenize as tokenize_stage
 from pipeline.tasks import classification
 from pipeline.tasks.multilabel import collate, evaluate, label, model, report, score
 
@@ -48,6 +49,18 @@ def final_config(logits, ds, info: dict, cfg) -> dict:
     return {model.THRESHOLDS: {n: float(t) for n, t in zip(names, cut)}}
 
 
+def card_data(manifests: dict) -> list[str]:
+    """The model card's lines for the label and tokenize stages: each label's documents in train, the tokens."""
+    stats = manifests.get("label", {}).get("stats", {})
+    lines = []
+    if stats:
+        counts = stats.get("class_counts", {}).get("train", {})
+        none = stats.get("rows_without_labels", {}).get("train", 0)
+        lines.append(f"- **Labels in train (documents with each; {none:,} with none)**: "
+                     + ", ".join(f"{k} {v:,}" for k, v in counts.items()) + ".")
+    return lines + ([tokenize_stage.card_line(manifests["tokenize"])] if "tokenize" in manifests else [])
+
+
 def card_metrics(metrics: dict) -> list[tuple[str, str, float]]:
     """A model card's figures: document-level micro and macro F1 and subset accuracy."""
     d = metrics["document"]
@@ -72,5 +85,7 @@ TASK = dataclasses.replace(
     summary=report.format_table,
     final_config=final_config,
     strata=label.strata,
+    model_kind="multi-label text classifier",
+    card_data=card_data,
     card_metrics=card_metrics,
 )

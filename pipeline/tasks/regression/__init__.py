@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from pipeline.data.engines.base import Stage
+from pipeline.data.stages import tokenize as tokenize_stage
 from pipeline.tasks import classification
 from pipeline.tasks.regression import collate, evaluate, label, model, report, score, strata
 
@@ -37,6 +38,18 @@ def validate(cfg) -> None:
                          f"{', '.join(map(repr, METRICS))} (the regression task's metrics)")
 
 
+def card_data(manifests: dict) -> list[str]:
+    """The model card's lines for the label and tokenize stages: the train targets' scale and spread, the tokens."""
+    stats = manifests.get("label", {}).get("stats", {})
+    lines = []
+    if "targets" in stats:
+        t, (low, high) = stats["targets"].get("train", {}), stats["scale"]
+        lines.append(f"- **Targets in train** (scale [{low:g}, {high:g}], {stats.get('scale_from', 'found')}): "
+                     f"{t.get('count', 0):,}, mean {t.get('mean', 0):.3g} ± {t.get('std', 0):.3g}, range "
+                     f"[{t.get('min', 0):.3g}, {t.get('max', 0):.3g}].")
+    return lines + ([tokenize_stage.card_line(manifests["tokenize"])] if "tokenize" in manifests else [])
+
+
 def card_metrics(metrics: dict) -> list[tuple[str, str, float]]:
     """A model card's figures: document-level Pearson, Spearman and MSE (a document's chunks averaged)."""
     d = metrics["document"]
@@ -59,5 +72,7 @@ TASK = dataclasses.replace(
     write_report=evaluate.write_report,
     summary=report.format_table,
     strata=strata.strata,
+    model_kind="text regression model",
+    card_data=card_data,
     card_metrics=card_metrics,
 )

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from stagecheck import stable
 
-from pipeline.config import DEFAULT_CONFIG, load_config
+from pipeline import tasks
+from pipeline.checks import load_config
+from pipeline.config import DEFAULT_CONFIG
 from pipeline.data import runner
+from tests.stagecheck import stable
 
 ROWS = 10_000
 # per-run values that legitimately differ between the two runs
@@ -32,7 +34,7 @@ def _prepare(tmp_path: Path, num_proc: int) -> Path:
     path = tmp_path / f"np{num_proc}.yaml"
     path.write_text(yaml.safe_dump(tree), encoding="utf-8")
     cfg = load_config(path)
-    runner.run(cfg, progress=False)
+    runner.run(cfg, tasks.get(cfg.task), progress=False)
     return cfg.data_dir / "stages"
 
 

@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from datasets import Dataset, DatasetDict
 
-from pipeline.config import CleanConfig, ConfigError, SourceConfig, TokenizeConfig, load_config
+from pipeline.checks import load_config
+from pipeline.config import CleanConfig, ConfigError, SourceConfig, TokenizeConfig
 from pipeline.data.engines.base import StageContext
 from pipeline.data.io import pair
 from pipeline.data.stages import clean, load, pair_sides, tokenize

@@ -7,7 +7,8 @@ import dataclasses
 import datasets
 import pytest
 
-from pipeline.config import CleanConfig, load_config
+from pipeline.checks import load_config
+from pipeline.config import CleanConfig
 from pipeline.data.engines.base import StageContext
 from pipeline.data.stages.clean import clean, clean_text
 

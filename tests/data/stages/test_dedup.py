@@ -375,7 +375,8 @@ def test_keep_test_whole_needs_a_source_test_split(tmp_path):
 
 
 def test_keep_test_whole_with_a_ratio_split_is_a_config_error():
-    from pipeline.config import ConfigError, load_config
+    from pipeline.checks import load_config
+    from pipeline.config import ConfigError
 
     tiny = Path(__file__).resolve().parents[3] / "configs" / "tiny.yaml"
     with pytest.raises(ConfigError, match=r"^dedup.keep_test_whole=true .* split.use_source_split=false"):

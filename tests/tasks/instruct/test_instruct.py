@@ -7,13 +7,13 @@ import random
 
 import pytest
 import torch
-from smollm2 import needs_smollm2
 
 from pipeline.config import TokenizeConfig
 from pipeline.data.engines.base import StageContext
 from pipeline.data.io import conversation
 from pipeline.tasks.causal_lm import collate
 from pipeline.tasks.instruct import stage, template
+from tests.smollm2 import needs_smollm2
 
 WORDS = [f"w{i}" for i in range(30)]
 

@@ -5,7 +5,8 @@ import pickle
 import pytest
 from datasets import Dataset, DatasetDict, List, Value
 
-from pipeline.config import ConfigError, LabelConfig, load_config
+from pipeline.checks import load_config
+from pipeline.config import ConfigError, LabelConfig
 from pipeline.data.engines.base import StageContext
 from pipeline.data.engines.local import LocalEngine
 from pipeline.tasks.multilabel.label import LIST, label, parse, strata

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.config import load_config
+from pipeline.checks import load_config
 from pipeline.tasks.multilabel import TASK
 from pipeline.tasks.multilabel.collate import Collator
 from pipeline.tasks.multilabel.model import build_model, check_model

@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from accelkit import reset
 from safetensors.torch import load_file
 
-from pipeline.config import load_config
+from pipeline import tasks
+from pipeline.checks import load_config
 from pipeline.data import runner
 from pipeline.training import signals
 from pipeline.training.loop import train
+from tests.accelkit import reset
 
 WORDS = [f"w{i}" for i in range(30)]
 
@@ -50,7 +51,7 @@ def regression_config(tmp_path_factory) -> Path:
     }
     config = root / "config.yaml"
     config.write_text(yaml.safe_dump(tree), encoding="utf-8")
-    runner.run(load_config(config), progress=False)
+    runner.run(c := load_config(config), tasks.get(c.task), progress=False)
     return config
 
 

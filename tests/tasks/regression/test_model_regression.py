@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import ConfigError, load_config
+from pipeline.checks import load_config
+from pipeline.config import ConfigError
 from pipeline.tasks.regression import TASK
 from pipeline.tasks.regression.collate import Collator
 from pipeline.tasks.regression.model import check_model

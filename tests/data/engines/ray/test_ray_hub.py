@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_ray_load import _engine, _load
 
 from pipeline.config import SourceConfig
 from pipeline.data.engines.local import LocalEngine
@@ -17,6 +16,7 @@ from pipeline.data.engines.ray import load as ray_load
 from pipeline.data.io import formats, parts
 from pipeline.data.io import hub as hub_io
 from pipeline.data.stages import load
+from tests.data.engines.ray.test_ray_load import _engine, _load
 
 
 @pytest.fixture

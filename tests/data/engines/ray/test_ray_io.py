@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from test_engine_ray import kill_first  # the killer of the dedup fault test
 
 from pipeline import artifacts
 from pipeline.config import CleanConfig, RayConfig
 from pipeline.data import runner
 from pipeline.data.engines.base import StageContext, StageResult
 from pipeline.data.engines.ops import map_batches
+from tests.data.engines.ray.test_engine_ray import kill_first  # the killer of the dedup fault test
 
 
 def _saved(tmp_path: Path, n: int = 500):

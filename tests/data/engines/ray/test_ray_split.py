@@ -14,8 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_ray_stages import _engine as ray_engine
-from test_ray_stages import _saved
 
 from pipeline.config import DedupConfig, LabelConfig, SplitConfig
 from pipeline.data.engines.base import StageContext
@@ -24,6 +22,8 @@ from pipeline.data.engines.ops import SPLITS, unit_hash
 from pipeline.data.engines.ray import split as ray_split
 from pipeline.data.stages import split
 from pipeline.tasks.classification import label
+from tests.data.engines.ray.test_ray_stages import _engine as ray_engine
+from tests.data.engines.ray.test_ray_stages import _saved
 
 BLOCKS = [1, 2, 7]
 

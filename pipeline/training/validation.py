@@ -7,8 +7,8 @@
 
 from __future__ import annotations
 
-from pipeline import adapters
 from pipeline.inference.predict import predict_logits
+from pipeline.models import lora
 
 
 def outputs(acc, model, ds, batch_size: int, task, precision: str = "fp32", runtime: str = "torch", scratch=None):
@@ -17,15 +17,16 @@ def outputs(acc, model, ds, batch_size: int, task, precision: str = "fp32", runt
     was_training = model.training
     # unwrap_model keeps accelerate's autocast wrapper: fp32 validation runs in the precision training does
     scored = acc.unwrap_model(model)
-    if adapters.is_adapted(scored) and (precision == "int8" or runtime == "onnxruntime"):
-        scored = adapters.merged_copy(scored)  # quantization and export take a plain model, as evaluate.py's
+    if lora.is_adapted(scored) and (precision == "int8" or runtime == "onnxruntime"):
+        scored = lora.merged_copy(scored)  # quantization and export take a plain model, as evaluate.py's
     logits = predict_logits(scored, ds, batch_size, acc, precision, progress=False,
-                            runtime=runtime, scratch=scratch, outputs=task.outputs, columns=task.columns)
+                            runtime=runtime, scratch=scratch, outputs=task.outputs, columns=task.columns,
+                            width=task.output_width)
     model.train(was_training)
     return logits
 
 
-def evaluate(acc, model, ds, batch_size: int, task, info: dict, precision: str = "fp32",
+def validate(acc, model, ds, batch_size: int, task, info: dict, precision: str = "fp32",
              runtime: str = "torch", scratch=None) -> dict:
     """Every scalar validation metric of the model as it is now, as the task scores its outputs
     (`task.score`; classification: loss, accuracy, macro/micro F1, examples); `info` is the data's

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import artifacts, tasks
-from pipeline.config import REPO_ROOT, Config, ConfigError, load_config, override
-from pipeline.sweep_space import Spec, distributions, read_spec
+from pipeline.checks import load_config
+from pipeline.config import REPO_ROOT, Config, ConfigError, override
+from pipeline.sweeps.space import Spec, distributions, read_spec
 from pipeline.training.rundir import read_records
 
 EXIT_INTERRUPTED = 75  # as train.py: stopped by a signal; rerun the same command to continue

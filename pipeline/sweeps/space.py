@@ -7,7 +7,8 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.config import ConfigError, load_config, option_type, override, read_yaml
+from pipeline.checks import load_config
+from pipeline.config import ConfigError, option_type, override, read_yaml
 
 SPEC_KEYS = {"name", "trials", "seed", "metric", "sampler", "startup_trials", "pruner", "pruner_startup_trials",
              "pruner_warmup_steps", "params"}

@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline import artifacts, tasks, trackers
+from pipeline import artifacts, tasks
+from pipeline.training import trackers
 from pipeline.training.rundir import read_records
 
 CARD = "README.md"
@@ -67,7 +68,7 @@ def render(cfg, run_dir: Path) -> str:
         f"# {meta.model_name}", "",
         f"{_describe_model(cfg, base, task)}; trained and evaluated with {TOOL}"
         f"{' at commit ' + info['git_commit'][:12] if info.get('git_commit') else ''}.", "",
-        "## Data", "", *_data_lines(cfg, data), "",
+        "## Data", "", *_data_lines(cfg, task, data), "",
         "## Training", "", *_training_lines(cfg, state, info), "",
         "## Evaluation", "", *_evaluation_lines(state, evaluations, figures, run_dir), "",
         "## Use", "", *_use_lines(cfg, task, run_dir, adapter_only), "",
@@ -89,7 +90,7 @@ def _base(cfg) -> tuple[str, dict]:
         return "", {}
     name = cfg.model.name_or_path
     try:
-        from pipeline.resolve import resolve_pretrained
+        from pipeline.models.pretrained import resolve_pretrained
 
         folder = Path(resolve_pretrained(name))
     except (OSError, ValueError):
@@ -107,9 +108,7 @@ def _base(cfg) -> tuple[str, dict]:
 
 
 def _describe_model(cfg, base: str, task) -> str:
-    kind = {"multilabel": "multi-label text classifier", "regression": "text regression model"}.get(cfg.task) or {
-        "text-classification": "text classifier", "text-generation": "causal language model"}.get(
-        task.pipeline_tag, f"{cfg.task} model")
+    kind = task.model_kind
     what = f"A {'sentence-pair ' if cfg.source.text_pair_field else ''}{kind}"
     if cfg.model.from_scratch:
         m = cfg.model
@@ -142,7 +141,7 @@ def _count(d: dict) -> str:
     return ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in d.items() if v) or "none"
 
 
-def _data_lines(cfg, data: dict) -> list[str]:
+def _data_lines(cfg, task, data: dict) -> list[str]:
     if data.get("changed"):
         return [f"The prepared data in `{cfg.data_dir}` has changed since this model was trained; its manifests no "
                 f"longer describe what the model saw."]
@@ -186,29 +185,7 @@ def _data_lines(cfg, data: dict) -> list[str]:
         kept = "the source's own splits kept" if st.get("source_split_kept") else "split by ratio"
         sizes = ", ".join(f"{k} {v:,} documents" for k, v in docs.items())
         lines.append(f"- **Splits** ({kept}): {sizes}{leak}.")
-    label = man.get("label", {}).get("stats", {})
-    if "targets" in label:  # regression
-        t, (low, high) = label["targets"].get("train", {}), label["scale"]
-        lines.append(f"- **Targets in train** (scale [{low:g}, {high:g}], {label.get('scale_from', 'found')}): "
-                     f"{t.get('count', 0):,}, mean {t.get('mean', 0):.3g} ± {t.get('std', 0):.3g}, range "
-                     f"[{t.get('min', 0):.3g}, {t.get('max', 0):.3g}].")
-    elif label:
-        counts = label.get("class_counts", {}).get("train", {})
-        what = "Classes in train" if "rows_without_labels" not in label else \
-            f"Labels in train (documents with each; {label['rows_without_labels'].get('train', 0):,} with none)"
-        lines.append(f"- **{what}**: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()) + ".")
-    tok = man.get("tokenize", {})
-    if tok:
-        st = tok.get("stats", {})
-        trunc = st.get("train", {}).get("truncated_fraction")
-        if "block_size" in st:  # a language model's: blocks (causal_lm) or rows (instruct) of up to block_size tokens
-            lines.append(f"- **Tokens**: {st.get('kind')} tokenizer, {st['train'].get('tokens', 0):,} train tokens in "
-                         f"blocks of {st['block_size']}" + (f", the {st['template']} template, loss on "
-                                                            f"{st['train']['target_tokens']:,} answer tokens"
-                                                            if "template" in st else "") + ".")
-        else:
-            lines.append(f"- **Tokens**: {st.get('kind')} tokenizer, max_length {st.get('max_length')}"
-                         + (f"; {trunc:.1%} of train truncated." if trunc is not None else "."))
+    lines += task.card_data(man)  # the task's stages after split: labels or targets, tokens
     prepared = data.get("prepared", {})
     fingerprint = prepared.get("content_fingerprint") or prepared.get("fingerprint")
     lines.append(f"- **Prepared data fingerprint**: `{fingerprint}`.")
@@ -277,7 +254,7 @@ def _evaluation_lines(state: dict, evaluations: dict, figures: dict, run_dir: Pa
 def _use_lines(cfg, task, run_dir: Path, adapter_only: bool) -> list[str]:
     final = run_dir / "final"
     if adapter_only:
-        cls = {"SEQ_CLS": "AutoPeftModelForSequenceClassification"}.get(task.peft_task_type, "AutoPeftModelForCausalLM")
+        cls = "AutoPeft" + task.model_class().__name__.removeprefix("Auto")  # AutoPeftModelForSequenceClassification
         return ["```python", f"from peft import {cls}", f'model = {cls}.from_pretrained("{final / "adapter"}")', "```"]
     return ["```python", "from transformers import pipeline", f'pipe = pipeline("{task.pipeline_tag}", model="{final}")',
             "```"]
