@@ -18,6 +18,18 @@ from tests.testprocs import TOKEN_VAR, reap
 # validates in fp32 here as on every CI machine, so exact values and tolerances hold on both kinds. Subprocesses
 # inherit it; the tests of `auto` itself set the detector in-process (tests/training/test_auto_precision.py).
 os.environ[NATIVE_BF16_VAR] = "0"
+# One thread per process, as every process the tests start has: the workers of pytest -n share the cores, and
+# in-process and subprocess runs of the same training do the same arithmetic.
+os.environ["OMP_NUM_THREADS"] = "1"
+
+
+def pytest_collection_modifyitems(items):
+    """pytest-xdist's groups (--dist loadgroup): a test file runs whole on one worker, so its module fixtures run
+    once; the tests that use the session's Ray or the converted SmolLM2 run on one worker, so each starts once."""
+    for item in items:
+        names = set(item.fixturenames)
+        group = "ray" if "ray_cluster" in names else "smollm2" if "converted" in names else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 @pytest.fixture(autouse=True)
 def _end_started_processes(monkeypatch):
