@@ -7,7 +7,8 @@
 Writes <output_dir>/run/eval/<split>-<checkpoint>/ and prints a summary table. Inference runs in
 eval.precision (--precision auto|fp32|bf16|int8; default auto: bf16 where the device computes bf16
 natively, fp32 elsewhere; metrics.json records what ran and why); accelerate's mixed_precision setting
-does not change it. int8 (dynamic quantization, CPU) is ~2x fp32 here: see bench/RESULTS.md. eval.runtime
+does not change it. int8 (dynamic quantization, CPU) is 1.06-1.27x fp32 on a 2-core CPU at max_length 128-512
+(bench/results/inference.md). eval.runtime
 (--runtime torch|onnxruntime) picks the engine: onnxruntime runs a fused ONNX export (CPU), cached beside
 the checkpoint.
 """

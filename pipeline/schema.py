@@ -190,7 +190,7 @@ class ModelConfig:
     attention_dropout: float = opt(-1.0, "dropout on the attention probabilities in training; -1 = the model's own "
                                    "(pretrained) or model.dropout (from scratch). 0 lets SDPA run its fused kernel in "
                                    "training instead of materialising the scores: 2.2x a step at max_length 256 on a "
-                                   "2-core CPU (bench/RESULTS.md)", bounds="[-1, 1)")
+                                   "2-core CPU (bench/results/train.md)", bounds="[-1, 1)")
 
 
 @dataclass(frozen=True)
@@ -219,7 +219,7 @@ class TrainConfig:
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
     attention: str = opt("auto", "attention implementation of the model being trained (validation too): auto = eager "
                          "where a sequence classifier trains in bf16 on a CPU (torch's CPU SDPA kernels in bf16 measured "
-                         "1.2-1.4x slower than eager there, bench/RESULTS.md), the model's own (SDPA) elsewhere; sdpa; "
+                         "1.2-1.4x slower than eager there, bench/results/train.md), the model's own (SDPA) elsewhere; sdpa; "
                          "eager", ("auto", "sdpa", "eager"))
     group_by_length: bool = opt(True, "batch texts of similar length together (less padding)")
     pad_to_multiple_of: int = opt(8, "on a GPU, pad each batch's length to a multiple of this (0 = exact); CPUs always pad exactly", bounds="[0, inf)")
@@ -257,11 +257,11 @@ class EvalConfig:
     precision: str = opt("auto", "inference precision of evaluate.py and of validation during training: auto (bf16 "
                          "where the device computes it natively, else fp32; validation follows the training's "
                          "precision), fp32, bf16 autocast (fast only where the CPU/GPU has native bf16), or int8 "
-                         "dynamic quantization of the encoder's Linear layers (CPU; ~2x fp32 there, see "
-                         "bench/RESULTS.md)", ("auto", "fp32", "bf16", "int8"))
+                         "dynamic quantization of the encoder's Linear layers (CPU; 1.06-1.27x fp32 on a 2-core CPU, "
+                         "bench/results/inference.md)", ("auto", "fp32", "bf16", "int8"))
     runtime: str = opt("torch", "what runs inference (evaluate.py and validation): torch, or onnxruntime (CPU: an ONNX "
                        "export of the model, fused, at eval.precision fp32 or int8, cached beside the checkpoint; "
-                       "needs the onnx extra; BERT-type models; see bench/RESULTS.md)", ("torch", "onnxruntime"))
+                       "needs the onnx extra; BERT-type models; see bench/results/inference.md)", ("torch", "onnxruntime"))
     bf16: bool = opt(False, "deprecated spelling of eval.precision=bf16")
     snippet_chars: int = opt(160, "characters of text kept per row of predictions.jsonl", bounds="[0, inf)")
 

@@ -1,4 +1,4 @@
-"""Train (or resume) a text classifier on the prepared data with Hugging Face Accelerate.
+"""Train (or resume) the model of the config's task on the prepared data with Hugging Face Accelerate.
 
     accelerate launch pipeline/train.py [--config configs/default.yaml] [--resume auto|PATH] [section.key=value ...]
     python pipeline/train.py ...                      (the same, one process)

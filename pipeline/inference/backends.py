@@ -5,7 +5,7 @@ One place decides it for `evaluate.py` and for validation during training (both 
 `predict.predict_logits`), so the two cannot disagree about what a number was computed in.
 
 - fp32: the model as trained. Attention is the model's own implementation (transformers 5 loads
-  BERT with SDPA, measured ~1.4x eager at max_length 256 on this CPU: bench/RESULTS.md).
+  BERT with SDPA, measured ~1.4x eager at max_length 256 on this CPU: bench/results/inference.md).
 - bf16: autocast. Native on CPUs with AVX512-BF16/AMX (pipeline.accel.cpu_has_native_bf16) and on
   most GPUs; elsewhere torch emulates it, many times slower than fp32, so it warns and still runs.
 - int8: `torch.ao.quantization.quantize_dynamic` of the encoder's nn.Linear layers on a copy of

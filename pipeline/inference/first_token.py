@@ -8,7 +8,7 @@ attends to) for all of them. The math is the same (the kept position's numbers a
 operations on the same inputs, up to the order of float sums inside a matmul), the weights and their names are
 the same (the layer's own `forward` is replaced on the instance, no module is wrapped), so checkpoints, LoRA
 adapters and exports are unchanged. On the default MiniLM (6 layers) a training step is 1.18x faster at
-max_length 64 and 1.21x at 256 in fp32, 1.05x in bf16 (bench/RESULTS.md).
+max_length 64 and 1.21x at 256 in fp32, 1.05x in bf16 (bench/results/train.md).
 """
 
 from __future__ import annotations

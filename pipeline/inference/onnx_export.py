@@ -2,7 +2,7 @@
 
 Why a second runtime: torch's int8 (backends.quantize_int8) speeds up the Linear layers only;
 attention, GELU and LayerNorm stay fp32 and unfused (~40% of int8's time at max_length 256, see
-bench/RESULTS.md). ONNX Runtime's transformer optimizer fuses them (Attention, SkipLayerNormalization,
+bench/results/inference.md). ONNX Runtime's transformer optimizer fuses them (Attention, SkipLayerNormalization,
 BiasGelu, EmbedLayerNormalization) and its dynamic quantization makes the fused attention int8 too.
 
 Steps, all into one folder written atomically (artifacts.atomic_dir: temp + rename, manifest last):
@@ -51,7 +51,7 @@ INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # what padding.pad g
 FUSABLE = ("bert",)  # model_type values the "bert" fusions were tested on here (BERT, MiniLM)
 OPSET = 17
 # int8 weights per output channel: on the trained MiniLM it kept more of fp32's tweet predictions than
-# per tensor at the same speed (bench/RESULTS.md, bench_inference.py's ORT rows).
+# per tensor at the same speed (bench/results/inference.md, bench_inference.py's ORT rows).
 PER_CHANNEL = True
 PACKAGES = ("onnxruntime", "onnx", "torch", "transformers")
 

@@ -155,7 +155,7 @@ def _auto(device_type: str, recorded: str | None) -> Precision:
 def training_attention(setting: str, precision: str, device_type: str, cpu_bf16: str) -> str | None:
     """The attention implementation to train with (train.attention), or None for the model's own. auto: the task's
     choice for bf16 on a CPU (Task.cpu_bf16_attention; a sequence classifier's is eager, where torch's SDPA kernels
-    are slower than eager attention in bf16, bench/RESULTS.md: 1.26x a step at ~30 tokens, 1.4x at ~200, MiniLM
+    are slower than eager attention in bf16, bench/results/train.md: 1.26x a step at ~30 tokens, 1.4x at ~200, MiniLM
     with attention dropout 0); elsewhere, and for tasks without a choice (the LM tasks, their packed-document
     masks), the model's own."""
     if setting != accel.AUTO:

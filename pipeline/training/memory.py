@@ -5,7 +5,7 @@ system when freed; but every time such a block is freed it raises the threshold 
 (up to 32 MiB). After a few steps, the activations, gradients and attention scores of every new batch
 shape come from the heap; freed, they leave holes that the next shape does not fit exactly, the heap
 keeps their pages resident, and the resident size climbs step after step. Measured by
-bench/bench_memory.py (train.py, lengths varying up to 512, 300 steps; bench/RESULTS.md): the median
+bench/bench_memory.py (train.py, lengths varying up to 512, 300 steps; bench/results/memory.md): the median
 RSS grew +122 MiB and still rose with nothing released; +23 MiB with the free pages handed back every
 10 steps (`malloc_trim`, 3% slower); +19 MiB every step (38% slower); +11 MiB with the mmap threshold
 fixed at 1 MiB (48% slower: every step's activations faulted in afresh).
@@ -18,7 +18,7 @@ has nothing to release this way and is left alone.
 Between those releases the loop also keeps what it frees (`hold_freed_memory`). With glibc's defaults
 a block above the mmap threshold, which never rises past 32 MiB, gets a mapping of its own that its
 free unmaps, and a free at the heap's top hands the top back: the next step faults the same pages in
-again. MiniLM at max_length 64 (bench/RESULTS.md) took ~30,000 page faults a step, most of them its
+again. MiniLM at max_length 64 (bench/results/train.md) took ~30,000 page faults a step, most of them its
 47 MB word-embedding gradient, and spent 13% of its CPU time in the kernel. Every block from the heap
 and no trim on free: 8-16% more tokens a second at max_length 64 and 4% at 256 (runs alternated), the
 resident size still handed back every N steps.

@@ -157,7 +157,7 @@ def export_model_config(model, tok, out: Path) -> None:
 
 def export_final(model, tok, out: Path, state: dict | None = None, weights: dict | None = None,
                  merge: bool = True) -> None:
-    """save_pretrained (safetensors) + tokenizer: loadable by transformers.pipeline('text-classification').
+    """save_pretrained (safetensors) + tokenizer: loadable by transformers.pipeline() with the task's pipeline tag.
 
     `state` (step, epoch, data fingerprints) goes to state.json, so evaluation can say what it scored.
     `weights`: the full state dict (accelerator.get_state_dict) where the model's own is sharded (FSDP, ZeRO-3).

@@ -18,7 +18,7 @@ _K = 0x100000001B3  # odd multiplier of the polynomial code-point hash (invertib
 _K_INV = pow(_K, -1, 1 << 64)
 GOLD = U64(0x9E3779B97F4A7C15)  # chains word hashes into an n-gram hash
 _BATCH_CHARS = 1 << 18  # code points hashed per batch: its ~10 arrays of 8 bytes each stay in cache
-# (2^18 to 2^21 cost the same within ~15% on a loaded machine; 2^15 ~1.4x: bench/RESULTS.md)
+# (2^18 to 2^21 cost the same within ~15% on a loaded machine; 2^15 ~1.4x: bench/results/dedup.md)
 _WORD = re.compile(r"\w+")
 # every character str.split() splits on but " " (tested against all code points)
 _OTHER_SPACES = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"

@@ -19,7 +19,7 @@ import numpy as np
 from pipeline.data.similarity.shingling import GOLD, U64, fmix64
 
 _SIGNATURE_BLOCK = 1 << 20  # uint32 values per signature block: 4 MiB; a block of 2^17 costs ~3x more
-# (each ufunc call loops over P rows), one of 2^22 ~2x (out of cache): bench/RESULTS.md
+# (each ufunc call loops over P rows), one of 2^22 ~2x (out of cache): bench/results/dedup.md
 _POSITIONS = 64  # texts of at most this many shingles are signed by position
 _POSITION_BLOCK = 1 << 19  # uint32 values per (P, texts) block signed by position (2 MiB)
 _UFUNC_BUFFER = 1024  # numpy's ufunc buffer while signing by position (_ufunc_buffer)

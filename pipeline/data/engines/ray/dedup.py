@@ -32,7 +32,7 @@ One more place per-row bytes can sit: Ray keeps a task's return values smaller t
 max_direct_call_object_size (100 KiB by default) in their owner's memory, and the driver owns every
 return here, so the small pieces of steps 1-5 (with many blocks and partitions, all of them) stay in the
 driver's process until their refs go: measured ~13 B per short document at 300k and 4 partitions
-(bench/RESULTS.md); a cluster that dedups billions of rows wants that Ray setting lowered (_system_config).
+(bench/results/ray.md); a cluster that dedups billions of rows wants that Ray setting lowered (_system_config).
 """
 
 from __future__ import annotations
