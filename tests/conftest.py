@@ -13,6 +13,7 @@ import pytest
 from pipeline.accel import NATIVE_BF16_VAR
 from tests.smollm2 import GGUF_NAME, SPEC
 from tests.testprocs import TOKEN_VAR, reap
+from tests.zygote import end_forked
 
 # The suite runs as on a CPU without native bf16, whatever this one has: `auto` precision then trains and
 # validates in fp32 here as on every CI machine, so exact values and tolerances hold on both kinds. Subprocesses
@@ -23,13 +24,19 @@ os.environ[NATIVE_BF16_VAR] = "0"
 os.environ["OMP_NUM_THREADS"] = "1"
 
 
+SESSION_GROUPS = {"ray_cluster": "ray", "converted": "smollm2"}  # session fixtures that start something costly
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups and the -m filter reads the marks
 def pytest_collection_modifyitems(items):
     """pytest-xdist's groups (--dist loadgroup): a test file runs whole on one worker, so its module fixtures run
-    once; the tests that use the session's Ray or the converted SmolLM2 run on one worker, so each starts once."""
+    once; the tests that use the session's Ray or the converted SmolLM2 run on one worker, so each starts once,
+    and they are slow (a cluster; a 540 MB conversion)."""
     for item in items:
-        names = set(item.fixturenames)
-        group = "ray" if "ray_cluster" in names else "smollm2" if "converted" in names else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        shared = [group for name, group in SESSION_GROUPS.items() if name in item.fixturenames]
+        item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.nodeid.split("::")[0]))
+        if shared:
+            item.add_marker(pytest.mark.slow)
 
 @pytest.fixture(autouse=True)
 def _end_started_processes(monkeypatch):
@@ -40,6 +47,7 @@ def _end_started_processes(monkeypatch):
     left = reap(token)
     if left:
         print(f"killed {len(left)} process(es) the test left running:\n  " + "\n  ".join(left), file=sys.stderr)
+    end_forked()  # the zygote's children (tests/zygote.py) carry the zygote's environment, not the test's token
 
 
 @pytest.fixture(scope="session")

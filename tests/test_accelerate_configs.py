@@ -155,17 +155,15 @@ def _probes(tmp_path: Path, *logs: str) -> list[list[str]]:
 
 
 @pytest.mark.slow
-def test_cpu_multiprocess_config_starts_two_gloo_processes(tmp_path):
-    proc = _launch(tmp_path, "cpu_multiprocess.yaml")
-    assert proc.wait(timeout=120) == 0, (tmp_path / "probe.log").read_text()[-3000:]
-    # type, world size, rank, backend, all-reduced sum of (rank + 1) over both processes = 1 + 2
-    assert _probes(tmp_path, "probe") == [["MULTI_CPU", "2", "0", "gloo", "3"], ["MULTI_CPU", "2", "1", "gloo", "3"]]
-
-
-@pytest.mark.slow
-def test_two_machine_pair_starts_one_process_per_machine(tmp_path):
+def test_the_cpu_configs_start_the_processes_they_promise(tmp_path):
+    """cpu_multiprocess.yaml: two gloo processes under one launcher; the cpu_two_machines pair: one process per
+    machine. The three launchers start side by side (they were two tests, one after the other)."""
+    one = _launch(tmp_path, "cpu_multiprocess.yaml")
     port = str(_free_port())
-    procs = [_launch(tmp_path, f"cpu_two_machines_rank{r}.yaml", "--main_process_port", port, log=f"m{r}") for r in (0, 1)]
-    codes = [p.wait(timeout=120) for p in procs]
-    assert codes == [0, 0], (tmp_path / "m0.log").read_text()[-2000:] + (tmp_path / "m1.log").read_text()[-2000:]
-    assert _probes(tmp_path, "m0", "m1") == [["MULTI_CPU", "2", "0", "gloo", "3"], ["MULTI_CPU", "2", "1", "gloo", "3"]]
+    pair = [_launch(tmp_path, f"cpu_two_machines_rank{r}.yaml", "--main_process_port", port, log=f"m{r}") for r in (0, 1)]
+    codes = [p.wait(timeout=120) for p in (one, *pair)]
+    assert codes == [0, 0, 0], "".join((tmp_path / f"{n}.log").read_text()[-2000:] for n in ("probe", "m0", "m1"))
+    # type, world size, rank, backend, all-reduced sum of (rank + 1) over both processes = 1 + 2
+    both = [["MULTI_CPU", "2", "0", "gloo", "3"], ["MULTI_CPU", "2", "1", "gloo", "3"]]
+    assert _probes(tmp_path, "probe") == both
+    assert _probes(tmp_path, "m0", "m1") == both

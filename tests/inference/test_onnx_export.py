@@ -19,9 +19,16 @@ from pipeline.config import ConfigError
 from pipeline.inference import backends, onnx_export, onnx_template, predict
 from pipeline.tasks import classification as _classification
 from pipeline.training import checkpoint
+from tests.accelkit import reset
 
 pytest.importorskip("onnxruntime")
-ACC = Accelerator(cpu=True)
+
+
+def _acc() -> Accelerator:
+    """A CPU accelerator, made where it is used: accelerate's state is process-wide, and a test that ran before in
+    this process may have reset it (tests/accelkit.py), which leaves an accelerator made earlier without one."""
+    reset()
+    return Accelerator(cpu=True)
 
 CLASSIFICATION = _classification.TASK
 
@@ -50,9 +57,9 @@ def counted(monkeypatch):
 
 def test_fp32_logits_equal_torch_within_1e_4_and_the_graph_is_fused(world, tmp_path, counted):
     model, ds = _final(world), _test_split(world)
-    torch_logits = predict.predict_logits(model, ds, 4, ACC, progress=False)
+    torch_logits = predict.predict_logits(model, ds, 4, _acc(), progress=False)
     folder = tmp_path / "onnx"
-    ort_logits = predict.predict_logits(model, ds, 4, ACC, progress=False, runtime="onnxruntime", onnx_dir=folder)
+    ort_logits = predict.predict_logits(model, ds, 4, _acc(), progress=False, runtime="onnxruntime", onnx_dir=folder)
     assert ort_logits.shape == (13, 3)  # 13 rows of 3-8 tokens in batches of 4: dynamic batch and sequence
     assert np.abs(ort_logits - torch_logits).max() < 1e-4
     info = artifacts.read_json(folder / artifacts.MANIFEST)
@@ -93,10 +100,11 @@ def _trained_tiny_bert(seed: int = 0):
     return model.eval(), datasets.Dataset.from_dict({"input_ids": docs}), labels
 
 
+@pytest.mark.slow  # trains a model for seconds; int8 exports in the fast tier: the cache tests below
 def test_int8_predictions_agree_with_fp32_on_most_rows_of_a_trained_model():
     model, ds, labels = _trained_tiny_bert()
-    fp32 = predict.predict_logits(model, ds, 32, ACC, progress=False, runtime="onnxruntime")
-    int8 = predict.predict_logits(model, ds, 32, ACC, "int8", progress=False, runtime="onnxruntime")
+    fp32 = predict.predict_logits(model, ds, 32, _acc(), progress=False, runtime="onnxruntime")
+    int8 = predict.predict_logits(model, ds, 32, _acc(), "int8", progress=False, runtime="onnxruntime")
     assert np.mean(fp32.argmax(1) == labels) > 0.9  # it learned the task: its predictions mean something
     assert not np.allclose(int8, fp32, atol=1e-4)  # int8 ran, not fp32 again
     agree = np.mean(int8.argmax(1) == fp32.argmax(1))
@@ -109,9 +117,9 @@ def test_the_cache_is_reused_and_changed_weights_export_again(world, counted):
     checkpoint.load_weights(ckpt, model)
     folder = onnx_export.cache_dir(ckpt, model, "int8")
     assert folder.parent == ckpt.parent / ".onnx"
-    first = predict.predict_logits(model, ds, 4, ACC, "int8", progress=False, runtime="onnxruntime", onnx_dir=folder)
+    first = predict.predict_logits(model, ds, 4, _acc(), "int8", progress=False, runtime="onnxruntime", onnx_dir=folder)
     stamp = (folder / onnx_export.MODEL_FILE).stat().st_mtime_ns
-    again = predict.predict_logits(model, ds, 4, ACC, "int8", progress=False, runtime="onnxruntime", onnx_dir=folder)
+    again = predict.predict_logits(model, ds, 4, _acc(), "int8", progress=False, runtime="onnxruntime", onnx_dir=folder)
     assert counted == ["int8"] and (folder / onnx_export.MODEL_FILE).stat().st_mtime_ns == stamp
     np.testing.assert_array_equal(first, again)
     assert onnx_export.cache_dir(ckpt, model, "fp32") != folder  # precision is part of the key
@@ -122,7 +130,7 @@ def test_the_cache_is_reused_and_changed_weights_export_again(world, counted):
     checkpoint.write_manifest(ckpt, kind="checkpoint")
     changed = onnx_export.cache_dir(ckpt, model, "int8")
     assert changed != folder
-    flipped = predict.predict_logits(model, ds, 4, ACC, "int8", progress=False, runtime="onnxruntime", onnx_dir=changed)
+    flipped = predict.predict_logits(model, ds, 4, _acc(), "int8", progress=False, runtime="onnxruntime", onnx_dir=changed)
     assert counted == ["int8", "int8"]
     assert np.abs(flipped - first).max() > 1e-3  # the new weights' logits, not the cached ones
     assert not folder.exists() and changed.is_dir()  # the old weights' export is gone: caches do not pile up
@@ -130,7 +138,9 @@ def test_the_cache_is_reused_and_changed_weights_export_again(world, counted):
     assert other.parent == world.run_dir / ".onnx" and other.name.startswith("final-int8-")
 
 
-@pytest.mark.parametrize("damage", ["flip a byte", "truncate", "extra file", "manifest without files"])
+# two kinds of damage in the fast tier, all four in the whole suite (each exports twice)
+@pytest.mark.parametrize("damage", ["flip a byte", "truncate", pytest.param("extra file", marks=pytest.mark.slow),
+                                    pytest.param("manifest without files", marks=pytest.mark.slow)])
 def test_a_cached_export_that_does_not_match_its_manifest_is_exported_again_never_scored(world, counted, capsys,
                                                                                          damage):
     """An edited bias or a flipped byte in a cached model.onnx was reused (other scores, exit 0); a truncated
@@ -139,7 +149,7 @@ def test_a_cached_export_that_does_not_match_its_manifest_is_exported_again_neve
     model, ds = AutoModelForSequenceClassification.from_pretrained(world.run_dir / "final").eval(), _test_split(world)
     checkpoint.load_weights(ckpt, model)
     folder = onnx_export.cache_dir(ckpt, model, "fp32")
-    first = predict.predict_logits(model, ds, 4, ACC, "fp32", progress=False, runtime="onnxruntime", onnx_dir=folder)
+    first = predict.predict_logits(model, ds, 4, _acc(), "fp32", progress=False, runtime="onnxruntime", onnx_dir=folder)
     onnx_file = folder / onnx_export.MODEL_FILE
     data = bytearray(onnx_file.read_bytes())
     if damage == "flip a byte":
@@ -152,7 +162,7 @@ def test_a_cached_export_that_does_not_match_its_manifest_is_exported_again_neve
     else:
         (folder / "manifest.json").write_text('{"kind": "onnx"}')
     capsys.readouterr()
-    again = predict.predict_logits(model, ds, 4, ACC, "fp32", progress=False, runtime="onnxruntime", onnx_dir=folder)
+    again = predict.predict_logits(model, ds, 4, _acc(), "fp32", progress=False, runtime="onnxruntime", onnx_dir=folder)
     assert counted == ["fp32", "fp32"]  # exported again
     assert f"warning: the cached ONNX export {folder} does not match its manifest (" in capsys.readouterr().err
     np.testing.assert_array_equal(first, again)
@@ -171,10 +181,10 @@ def test_a_crash_mid_export_leaves_no_half_written_cache(world, tmp_path, monkey
 
     monkeypatch.setattr(onnx_export, "_quantize", crash)
     with pytest.raises(RuntimeError, match="killed mid-quantization"):
-        predict.predict_logits(model, ds, 4, ACC, "int8", progress=False, runtime="onnxruntime", onnx_dir=folder)
+        predict.predict_logits(model, ds, 4, _acc(), "int8", progress=False, runtime="onnxruntime", onnx_dir=folder)
     assert not folder.exists() and list((tmp_path / ".onnx").iterdir()) == []  # the dead writer's temporary too
     monkeypatch.undo()
-    got = predict.predict_logits(model, ds, 4, ACC, "int8", progress=False, runtime="onnxruntime", onnx_dir=folder)
+    got = predict.predict_logits(model, ds, 4, _acc(), "int8", progress=False, runtime="onnxruntime", onnx_dir=folder)
     assert artifacts.is_complete(folder) and got.shape == (13, 3)
 
 
@@ -183,8 +193,8 @@ def test_validation_exports_into_the_run_dir_and_cleans_up(world):
 
     model, ds = _final(world), _test_split(world)
     model.train()
-    got = validate(ACC, model, ds, 4, CLASSIFICATION, {"label_names": world.label_names}, "fp32", "onnxruntime", world.run_dir)
-    want = validate(ACC, model, ds, 4, CLASSIFICATION, {"label_names": world.label_names}, "fp32")
+    got = validate(_acc(), model, ds, 4, CLASSIFICATION, {"label_names": world.label_names}, "fp32", "onnxruntime", world.run_dir)
+    want = validate(_acc(), model, ds, 4, CLASSIFICATION, {"label_names": world.label_names}, "fp32")
     assert model.training and model.config._attn_implementation != "eager"  # the training model is untouched
     assert got["loss"] == pytest.approx(want["loss"], abs=1e-5) and got["accuracy"] == want["accuracy"]
     # no export left behind: only the run's template (onnx_template), complete, in run/.onnx/
@@ -216,6 +226,7 @@ def _nudge(model, generator):
     model.train()
 
 
+@pytest.mark.slow  # a full export per validation to compare with; the fast tier's template check: the next test
 @pytest.mark.parametrize("precision", ["int8", "fp32"])
 def test_validation_exports_once_per_run_and_scores_exactly_as_a_full_export(world, tmp_path, counted, traced,
                                                                             precision):
@@ -227,23 +238,23 @@ def test_validation_exports_once_per_run_and_scores_exactly_as_a_full_export(wor
 
     model, ds, info = _final(world), _test_split(world), {"label_names": world.label_names}
     run, generator, losses = tmp_path / "run", torch.Generator().manual_seed(0), []
-    for validation in range(4):
+    for validation in range(3):  # the first exports; the next two only put their weights in
         if validation:  # the first one scores the untrained model: LayerNorm ones, zero biases
             _nudge(model, generator)
         model.train()
         exports, traces = len(counted), len(traced)
-        got = validate(ACC, model, ds, 4, CLASSIFICATION, info, precision, "onnxruntime", run)
+        got = validate(_acc(), model, ds, 4, CLASSIFICATION, info, precision, "onnxruntime", run)
         if validation == 0:  # the two probes, and a full export: the exporter merges the equal tensors
             assert (len(counted) - exports, len(traced) - traces) == (1, 3)
         else:  # neither a full export nor a TorchScript trace
             assert (len(counted) - exports, len(traced) - traces) == (0, 0)
-        fresh = validate(ACC, model, ds, 4, CLASSIFICATION, info, precision, "onnxruntime")  # a full export
+        fresh = validate(_acc(), model, ds, 4, CLASSIFICATION, info, precision, "onnxruntime")  # a full export
         assert got == fresh  # every metric, number for number
         np.testing.assert_array_equal(
-            predict.predict_logits(model, ds, 4, ACC, precision, progress=False, runtime="onnxruntime", scratch=run),
-            predict.predict_logits(model, ds, 4, ACC, precision, progress=False, runtime="onnxruntime"))
+            predict.predict_logits(model, ds, 4, _acc(), precision, progress=False, runtime="onnxruntime", scratch=run),
+            predict.predict_logits(model, ds, 4, _acc(), precision, progress=False, runtime="onnxruntime"))
         losses.append(got["loss"])
-    assert len(set(losses)) == 4  # each validation scored its own weights
+    assert len(set(losses)) == 3  # each validation scored its own weights
     # the graph itself: byte for byte what a full export of these weights writes
     replayed, full = tmp_path / "replayed", tmp_path / "full"
     replayed.mkdir(), full.mkdir()
@@ -259,7 +270,7 @@ def test_a_validation_template_that_does_not_match_its_manifest_is_built_again_n
     model, ds, info = _final(world), _test_split(world), {"label_names": world.label_names}
     run = tmp_path / "run"
     _nudge(model, torch.Generator().manual_seed(1))
-    validate(ACC, model, ds, 4, CLASSIFICATION, info, "int8", "onnxruntime", run)
+    validate(_acc(), model, ds, 4, CLASSIFICATION, info, "int8", "onnxruntime", run)
     assert counted == [] and len(traced) == 2  # the template's two probes
     folder = onnx_template.folder_for(model, run)
     recipe = artifacts.read_json(folder / onnx_template.RECIPE)
@@ -268,11 +279,11 @@ def test_a_validation_template_that_does_not_match_its_manifest_is_built_again_n
     (folder / onnx_template.RECIPE).write_text(json.dumps(recipe))
     _nudge(model, torch.Generator().manual_seed(2))
     capsys.readouterr()
-    got = validate(ACC, model, ds, 4, CLASSIFICATION, info, "int8", "onnxruntime", run)
+    got = validate(_acc(), model, ds, 4, CLASSIFICATION, info, "int8", "onnxruntime", run)
     assert len(traced) == 4  # built again
     assert f"warning: the ONNX validation template {folder} does not match its manifest (" in capsys.readouterr().err
     assert artifacts.check_files(folder) is None  # whole again
-    assert got == validate(ACC, model, ds, 4, CLASSIFICATION, info, "int8", "onnxruntime")
+    assert got == validate(_acc(), model, ds, 4, CLASSIFICATION, info, "int8", "onnxruntime")
 
 
 def test_a_model_whose_export_cannot_be_replayed_is_exported_at_every_validation(world, tmp_path, counted, capsys,
@@ -283,13 +294,13 @@ def test_a_model_whose_export_cannot_be_replayed_is_exported_at_every_validation
     model, ds, info = _final(world), _test_split(world), {"label_names": world.label_names}
     run = tmp_path / "run"
     _nudge(model, torch.Generator().manual_seed(1))
-    validate(ACC, model, ds, 4, CLASSIFICATION, info, "fp32", "onnxruntime", run)
+    validate(_acc(), model, ds, 4, CLASSIFICATION, info, "fp32", "onnxruntime", run)
     assert "every validation exports the model anew (its tensor X is made some other way)" in capsys.readouterr().err
     _nudge(model, torch.Generator().manual_seed(2))
-    got = validate(ACC, model, ds, 4, CLASSIFICATION, info, "fp32", "onnxruntime", run)
+    got = validate(_acc(), model, ds, 4, CLASSIFICATION, info, "fp32", "onnxruntime", run)
     assert counted == ["fp32", "fp32"]  # each validation exported in full, as before the template
     assert artifacts.read_json(onnx_template.folder_for(model, run) / artifacts.MANIFEST)["reusable"] is False
-    assert got == validate(ACC, model, ds, 4, CLASSIFICATION, info, "fp32", "onnxruntime")
+    assert got == validate(_acc(), model, ds, 4, CLASSIFICATION, info, "fp32", "onnxruntime")
 
 
 def test_config_and_model_errors_are_one_line_naming_eval_runtime():

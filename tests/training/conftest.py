@@ -18,3 +18,4 @@ def fresh_accelerate():
     reset()
     yield
     reset()
+

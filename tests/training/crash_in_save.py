@@ -5,7 +5,8 @@ wrapped here to find the moment.
     python crash_in_save.py POINT N train.py-args...
 POINT: weights        right after save_state wrote model.safetensors (optimizer, RNG, JSON files not yet)
        before_rename  manifest written into the temporary folder, not yet renamed into place
-       rotation       new checkpoint complete, rotation about to delete an old one
+       rotation       new checkpoint complete, rotation about to delete an old one (in the first save from
+                      the N-th on whose rotation deletes one: a save may have nothing to delete)
        disk_full      save_state's model.safetensors write fails as torch fails on a full disk, 4 KiB
                       left (no kill: train.py's own error handling runs, as `python pipeline/train.py`)
 """
@@ -66,7 +67,7 @@ def rename(src, dst, *a, **k):
 
 
 def rmtree(path, *a, **k):
-    if point == "rotation" and armed() and not str(path).endswith(".tmp"):
+    if point == "rotation" and saves["n"] >= nth and not str(path).endswith(".tmp"):
         die()
     return real_rmtree(path, *a, **k)
 

@@ -7,13 +7,14 @@ after it; from there accelerate runs its own FSDP2 code: `fully_shard` per BertL
 save_fsdp_model / save_fsdp_optimizer (torch.distributed.checkpoint, SHARDED_STATE_DICT, one shard
 file per rank) in save_state, the DCP loads in load_state, and the full-state gather of get_state_dict.
 
-    torchrun --nproc_per_node N fsdp_on_cpu.py MODE OUT_DIR
+    torchrun --nproc_per_node N fsdp_on_cpu.py MODE OUT_DIR   (or its ranks forked: trainkit.fork_ranks)
 MODE: chain   (2 processes) an uninterrupted 6-step run, then 3 steps + save + a fresh model that loads
               the checkpoint + 3 steps; writes results.json
       resume1 (1 process) loads the 2-process step-3 checkpoint of OUT_DIR (re-sharded by DCP) and
               trains steps 4-6; writes resume1.json
       chain-lora  chain with LoRA adapters on the model (the frozen base and the trained adapters and head
               sharded together: peft #484's mixed requires_grad), exported as training exports it
+      chains  (2 processes) chain, then chain-lora in OUT_DIR/lora: both in one pair of processes
 """
 
 import json
@@ -152,15 +153,23 @@ def resume1(acc, out: Path) -> dict:
 def main() -> None:
     global LORA
     mode, out = sys.argv[1], Path(sys.argv[2])
-    LORA, mode = mode.endswith("-lora"), mode.removesuffix("-lora")
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT",
                                             auto_wrap_policy="transformer_based_wrap",
                                             transformer_cls_names_to_wrap=["BertLayer"], reshard_after_forward=True)
     acc = Accelerator(cpu=True, fsdp_plugin=plugin)
     acc.state.fsdp_plugin = plugin  # not kept on MULTI_CPU
-    result = {"chain": chain, "resume1": resume1}[mode](acc, out)
-    if acc.is_main_process:
-        (out / f"{'results' if mode == 'chain' else mode}.json").write_text(json.dumps(result))
+    if mode == "resume1":
+        result = resume1(acc, out)
+        if acc.is_main_process:
+            (out / "resume1.json").write_text(json.dumps(result))
+    for lora, where in {"chain": [(False, out)], "chain-lora": [(True, out)],
+                        "chains": [(False, out), (True, out / "lora")]}.get(mode, []):
+        LORA = lora
+        where.mkdir(parents=True, exist_ok=True)
+        result = chain(acc, where)
+        acc.free_memory()
+        if acc.is_main_process:
+            (where / "results.json").write_text(json.dumps(result))
     acc.wait_for_everyone()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

@@ -1,6 +1,7 @@
 """Helpers of the multi-process tests: launch train.py through `accelerate launch` as 2 gloo processes
 on one machine, or as two "machines" on localhost (two launchers, machine ranks 0 and 1), find the
-worker processes a launcher started, and read back what the workers exited with."""
+worker processes a launcher started, and read back what the workers exited with; and train_here, the
+one-process run these tests compare with, in the test's own process (no interpreter start, no imports)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 from tests.training.trainkit import REPO, records
+from tests.zygote import wait_ranks
 
 CONFIGS = REPO / "configs" / "accelerate"
 
@@ -88,17 +91,8 @@ def wait_for_step(launchers: list[subprocess.Popen], run: Path, step: int, timeo
 
 
 def wait_all(launchers: list[subprocess.Popen], timeout: float) -> list[int | None]:
-    """Exit codes of the launchers; None for one still running after `timeout` s (then killed)."""
-    deadline = time.monotonic() + timeout
-    codes = []
-    for p in launchers:
-        try:
-            codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            codes.append(None)
-    for p in launchers:
-        stop(p)
-    return codes
+    """Exit codes of the launchers; None for one still running after `timeout` s (then it and its workers are killed)."""
+    return wait_ranks(launchers, timeout, end=stop)
 
 
 def stop(launcher: subprocess.Popen) -> None:
@@ -130,3 +124,20 @@ def worker_exit_codes(log_text: str) -> dict[int, int]:
     for block in re.findall(r"^\s+rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", log_text, flags=re.S | re.M):
         codes.setdefault(int(block[0]), int(block[1]))
     return codes
+
+
+def train_here(config: Path, *overrides: str, resume: str | None = None, log: str = "proc") -> int:
+    """What `python pipeline/train.py --config CONFIG [--resume R] OVERRIDES` does, in this process: the same
+    training loop on the same config (one process: nothing in it depends on being a process of its own), with
+    accelerate's singletons reset before and after. Its output goes to <config folder>/<log>.log, as launch's
+    does (trainkit.log_text reads it); returns the exit code train.py would."""
+    from pipeline.checks import load_config
+    from pipeline.training.loop import train
+    from tests.accelkit import reset
+
+    reset()
+    try:
+        with open(config.parent / f"{log}.log", "w") as out, redirect_stdout(out), redirect_stderr(out):
+            return train(load_config(config, list(overrides)), str(config), resume)
+    finally:
+        reset()

@@ -101,11 +101,12 @@ def _step(config, n: int) -> str:
     return str(run_dir(config) / "checkpoints" / f"step-{n:07d}")
 
 
+@pytest.mark.slow  # bf16 training: emulated, many times slower, on CPUs without native bf16
 def test_a_run_records_its_choice_and_a_resume_on_the_other_kind_of_cpu_keeps_it(prepared, fresh_accelerate, cpu,
                                                                                    tmp_path, capsys):
     from pipeline.evaluation.run import evaluate_checkpoint
 
-    config = prepared(train={"epochs": 2, "save_every": 10, "keep_last": 4, "eval_every": 10})
+    config = prepared(train={"epochs": 1, "save_every": 5, "keep_last": 4, "eval_every": 5})
     cpu(AVX2)
     assert train(load_config(config), str(config)) == signals.EXIT_OK
     (first,) = _launches(config)
@@ -114,10 +115,10 @@ def test_a_run_records_its_choice_and_a_resume_on_the_other_kind_of_cpu_keeps_it
     assert first["attention"] == "sdpa"  # the model's own
     assert f"precision no ({NO_BF16}); validation fp32" in capsys.readouterr().out
 
-    # resumed at step 20 on a CPU with native bf16: it stays fp32 and ends bitwise where the run ended
+    # resumed at step 10 on a CPU with native bf16: it stays fp32 and ends bitwise where the run ended
     cpu(NATIVE)
     kept = clone_prepared(config, tmp_path / "kept")
-    assert train(load_config(kept), str(kept), resume=_step(config, 20)) == signals.EXIT_OK
+    assert train(load_config(kept), str(kept), resume=_step(config, 10)) == signals.EXIT_OK
     (resumed,) = _launches(kept)
     assert (resumed["mixed_precision"], resumed["eval_precision"]) == ("no", "fp32")
     assert resumed["mixed_precision_chosen_by"] == "auto: kept from the run's first launch"
@@ -142,7 +143,7 @@ def test_a_run_records_its_choice_and_a_resume_on_the_other_kind_of_cpu_keeps_it
     capsys.readouterr()
     moved = clone_prepared(config, tmp_path / "moved")
     reset()
-    assert train(load_config(moved), str(moved), resume=_step(bf16, 20)) == signals.EXIT_OK
+    assert train(load_config(moved), str(moved), resume=_step(bf16, 10)) == signals.EXIT_OK
     assert "warning: precision no: auto: the run's first launch chose bf16" in capsys.readouterr().err
     (launch,) = _launches(moved)
     assert (launch["mixed_precision"], launch["eval_precision"]) == ("no", "fp32")

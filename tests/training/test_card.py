@@ -1,39 +1,16 @@
-"""final/README.md for a language model, and what the card takes from a pretrained base's own card."""
+"""What the card takes from a pretrained base's own card, the files manifest leaving the card out, and the push.
+A language model's card, and evaluate rewriting it: tests/tasks/causal_lm/test_train_lm.py
+(test_the_final_export_is_a_text_generation_pipeline_and_its_card_reports_perplexity); a classifier's card:
+tests/test_end_to_end.py; a resumed 2-process run's card: tests/training/test_multiprocess.py."""
 
 from __future__ import annotations
-
-import json
-import subprocess
-import sys
 
 import pytest
 
 from pipeline import artifacts
 from pipeline.checks import load_config
 from pipeline.training import card
-from tests.training.trainkit import REPO, _env, build_prepared_lm, run_dir, run_train
-
-
-@pytest.mark.slow
-def test_a_language_models_card_reports_perplexity_and_is_rewritten_by_evaluate(tmp_path):
-    from huggingface_hub import ModelCard
-
-    cfg = build_prepared_lm(tmp_path, train={"max_steps": 4, "eval_every": 2, "save_every": 2})
-    assert run_train(cfg).returncode == 0
-    run = run_dir(cfg)
-    before = ModelCard.load(run / "final" / "README.md")
-    assert before.data.pipeline_tag == "text-generation" and before.data.eval_results is None
-    assert "No evaluate.py figures yet" in before.text
-    ev = subprocess.run([sys.executable, str(REPO / "pipeline" / "evaluate.py"), "--config", str(cfg), "--split", "test"],
-                        capture_output=True, text=True, timeout=300, env=_env(), cwd=REPO)
-    assert ev.returncode == 0, ev.stderr[-2000:]
-    m = json.loads((run / "eval" / "test-final" / "metrics.json").read_text())["lm"]
-    after = ModelCard.load(run / "final" / "README.md")
-    got = {r.metric_type: r.metric_value for r in after.data.eval_results}
-    assert got == {"perplexity": m["perplexity"], "bits_per_byte": m["bits_per_byte"]}
-    assert after.data.metrics == ["bits_per_byte", "perplexity"]
-    assert 'pipeline("text-generation"' in after.text
-    assert artifacts.check_files(run / "final") is None
+from tests.training.trainkit import REPO
 
 
 def test_the_card_takes_license_and_language_from_the_base_models_own_card():

@@ -3,9 +3,8 @@ errors, and a planted malicious pickle that must never run."""
 
 from __future__ import annotations
 
+import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -176,6 +175,12 @@ def _restore(ckpt, saved: dict) -> None:
     artifacts.write_json_atomic(ckpt / "manifest.json", {"files": files})
 
 
+def _reset_accelerate() -> None:
+    from tests.accelkit import reset
+
+    reset()
+
+
 def test_planted_pickles_never_run_and_corrupt_newest_falls_back(prepared, fresh_accelerate, tmp_path, capsys):
     """A real checkpoint (save_state's files): a malicious pickle under every name any loader reads is
     refused before anything reads it, or fails to parse; the marker file proves nothing ran."""
@@ -189,15 +194,27 @@ def test_planted_pickles_never_run_and_corrupt_newest_falls_back(prepared, fresh
     marker = tmp_path / "pwned"
     evil = pickle.dumps(_Evil(marker))
     cfg2 = load_config(config, ["train.epochs=2"])
-    for name in PICKLE_NAMES + PARSED_NAMES:
+    refused = "cannot be read as data only|custom-object pickle|cannot load|not valid JSON|cannot restore|Expecting value"
+    # train's resume path, end to end, for the first name; then the function it loads every checkpoint with
+    # (checkpoint.load_checkpoint) for each name, on the run's prepared model, optimizer and scheduler
+    from pipeline.training.setup import prepare_run
+
+    for i, name in enumerate(PICKLE_NAMES + PARSED_NAMES):
         saved = {n: (ckpts[1] / n).read_bytes() for n in PARSED_NAMES}
         _plant(ckpts[1], name, evil)
-        with pytest.raises(ValueError, match="cannot be read as data only|custom-object pickle|cannot load|not valid JSON|"
-                                             "cannot restore|Expecting value"):
-            train(cfg2, str(config), resume=str(ckpts[1]))
+        if i == 0:
+            with pytest.raises(ValueError, match=refused):
+                train(cfg2, str(config), resume=str(ckpts[1]))
+            _reset_accelerate()
+            s, _ = prepare_run(cfg2, str(config), str(ckpts[0]))  # the older, intact checkpoint loads
+        else:
+            with pytest.raises(ValueError, match=refused):
+                checkpoint.load_checkpoint(s.acc, ckpts[1], s.model, s.optimizer, s.scheduler)
         assert not marker.exists(), name
         (ckpts[1] / name).unlink()
         _restore(ckpts[1], saved)
+    s.acc.end_training()
+    _reset_accelerate()
     _plant(ckpts[1], "optimizer.bin", evil)
     (ckpts[1] / "model.safetensors").write_bytes(b"")  # now also visibly corrupt: auto passes over it
     assert train(cfg2, str(config), resume="auto") == signals.EXIT_OK
@@ -210,18 +227,29 @@ def test_planted_pickles_never_run_and_corrupt_newest_falls_back(prepared, fresh
 # ---------------------------------------------------------------- FSDP2, for real, on CPU processes
 
 
-def _torchrun(nproc: int, mode: str, out, timeout: int = 300) -> str:
-    from tests.training.multikit import env, free_port
+def _fsdp(processes: int, mode: str, out: Path) -> str:
+    """fsdp_on_cpu.py as `torchrun --nproc_per_node PROCESSES` runs it (its ranks forked from the zygote:
+    trainkit.fork_ranks); rank 0's output."""
+    from tests.zygote import child_env, fork_ranks, wait_ranks
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
-           str(Path(__file__).with_name("fsdp_on_cpu.py")), mode, str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(), cwd=Path(__file__).parents[2])
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    return done.stdout + done.stderr
+    env = {**os.environ, **child_env(), "ACCELERATE_USE_CPU": "true"}
+    ranks = fork_ranks([Path(__file__).with_name("fsdp_on_cpu.py"), mode, out], processes, out / mode, env)
+    codes = wait_ranks(ranks)
+    logs = [(out / f"{mode}-{r}.log").read_text(errors="replace") for r in range(processes)]
+    assert codes == [0] * processes, "".join(logs)[-4000:]
+    return logs[0]
+
+
+@pytest.fixture(scope="module")
+def fsdp_chains(tmp_path_factory):
+    """fsdp_on_cpu.py's two chains (plain, then LoRA in lora/) in one pair of gloo processes."""
+    out = tmp_path_factory.mktemp("fsdp")
+    _fsdp(2, "chains", out)
+    return out
 
 
 @pytest.mark.slow
-def test_fsdp2_sharded_checkpoints_through_accelerate_on_cpu(tmp_path):
+def test_fsdp2_sharded_checkpoints_through_accelerate_on_cpu(fsdp_chains):
     """accelerate's own FSDP2 code (fully_shard, DCP save/load, full-state gather) on 2 gloo processes,
     through save_checkpoint/load_checkpoint: every rank's shard in the manifest, verified; a resume
     equal (==) to the uninterrupted run; evaluation's load_weights reads the shards without a process
@@ -229,20 +257,20 @@ def test_fsdp2_sharded_checkpoints_through_accelerate_on_cpu(tmp_path):
     processes re-shards (DCP) within fp32 tolerance."""
     import json
 
-    _torchrun(2, "chain", tmp_path)
-    r = json.loads((tmp_path / "results.json").read_text())
+    out = fsdp_chains
+    r = json.loads((out / "results.json").read_text())
     assert r["resumed"] == r["ref"] and len(set(r["ref"])) == 6
     assert r["verify"] is None and r["loaded_equal"] and r["end_equal"] and r["eval_equal"] and r["eval_keys_equal"]
     assert r["final_equal"]  # final/: save_pretrained of the gathered full state dict, read back by transformers
     shards = {f"{d}/{f}" for d in ("pytorch_model_fsdp_0", "optimizer_0") for f in (".metadata", "__0_0.distcp", "__1_0.distcp")}
     assert shards | {"rng_state_0.json", "rng_state_1.json", "random_states_0.pkl", "random_states_1.pkl",
                      "scheduler.json", "state.json"} == set(r["files"])
-    log = _torchrun(1, "resume1", tmp_path)
+    log = _fsdp(1, "resume1", out)
     assert "saved by 2 processes, this run has 1" in log
-    got = json.loads((tmp_path / "resume1.json").read_text())
+    got = json.loads((out / "resume1.json").read_text())
     assert got["lr"] == r["lr"] and max(abs(a - b) for a, b in zip(got["resumed"], r["ref"][3:])) <= 1e-5
-    ckpt = tmp_path / "checkpoints" / "step-3"
-    marker = tmp_path / "pwned"
+    ckpt = out / "checkpoints" / "step-3"
+    marker = out / "pwned"
     _plant(ckpt, "pytorch_model_fsdp_0/.metadata", pickle.dumps(_Evil(marker)))
     assert checkpoint.verify(ckpt) is None  # looks intact: the manifest was rewritten to match
     with pytest.raises(ValueError, match=r"pytorch_model_fsdp_0/.metadata cannot be read as data only"):
@@ -251,15 +279,14 @@ def test_fsdp2_sharded_checkpoints_through_accelerate_on_cpu(tmp_path):
 
 
 @pytest.mark.slow
-def test_fsdp2_with_lora_resumes_exactly_and_exports_the_merged_model(tmp_path):
+def test_fsdp2_with_lora_resumes_exactly_and_exports_the_merged_model(fsdp_chains):
     """FSDP2 shards a LoRA model (frozen base, trained adapters and head) on 2 gloo processes: the resume
     equals the uninterrupted run, evaluation reads the shards into a plain adapted model, and final/ is the
     merged model. (Under FSDP the checkpoint is accelerate's sharded DCP of the whole model: save_state's
     FSDP path takes no pre-hook, so it is not cut down to what trains.)"""
     import json
 
-    _torchrun(2, "chain-lora", tmp_path)
-    r = json.loads((tmp_path / "results.json").read_text())
+    r = json.loads((fsdp_chains / "lora" / "results.json").read_text())
     assert r["resumed"] == r["ref"] and len(set(r["ref"])) == 6
     assert r["verify"] is None and r["loaded_equal"] and r["end_equal"] and r["eval_equal"] and r["eval_keys_equal"]
     assert r["final_equal"]

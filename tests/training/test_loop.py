@@ -61,6 +61,40 @@ def test_tiny_model_learns_logs_rotates_and_exports(prepared, fresh_accelerate, 
     assert "nothing to do" in capsys.readouterr().out
 
 
+def test_an_in_process_stop_and_resume_equals_the_uninterrupted_run(prepared, fresh_accelerate, monkeypatch, tmp_path):
+    """The fast tier's member of test_resume_kill.py's property (there: real processes, SIGKILL, crashes in saves):
+    a SIGTERM to this process after step 6 (the loop finishes step 7, mid-epoch and between checkpoints, saves it
+    and returns 75), then a resume: per-step loss, lr, grad norm, eval metrics and final weights == the uninterrupted run's (dropout on,
+    grad_accum 2, length-grouped batches)."""
+    import os
+    import signal
+
+    from pipeline.training import loop
+    from tests.accelkit import reset
+    from tests.training.trainkit import final_weights, trajectory
+
+    config = prepared(train={"epochs": 2, "grad_accum": 2, "save_every": 4, "eval_every": 5, "group_by_length": True})
+    ref = clone_prepared(config, tmp_path / "ref")
+    assert train(load_config(ref), str(ref)) == signals.EXIT_OK
+    real = loop._log_train
+
+    def log_train(s, st, win):
+        real(s, st, win)
+        if st.step == 6:
+            os.kill(os.getpid(), signal.SIGTERM)  # the loop's own handler takes it: a flag
+
+    monkeypatch.setattr(loop, "_log_train", log_train)
+    reset()
+    assert train(load_config(config), str(config)) == signals.EXIT_INTERRUPTED
+    assert [s["step"] for _, s in checkpoint.complete_checkpoints(run_dir(config) / "checkpoints")][-1] == 7
+    monkeypatch.setattr(loop, "_log_train", real)
+    reset()
+    assert train(load_config(config), str(config), resume="auto") == signals.EXIT_OK
+    assert trajectory(run_dir(config)) == trajectory(run_dir(ref)) and len(trajectory(run_dir(ref))) == 24
+    a, b = final_weights(run_dir(config)), final_weights(run_dir(ref))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_trainings_last_validation_equals_evaluate_on_the_validation_split(prepared, fresh_accelerate):
     import dataclasses
 

@@ -1,14 +1,17 @@
-"""LoRA (peft.method=lora) through real train.py processes: checkpoints of only what trains, a resume on another
-base refused, final/ (adapter and merged model) read by evaluate.py, peft and transformers alike, gradient
-checkpointing, bf16 autocast and two processes. The kill/SIGTERM/crash-in-save matrix with LoRA is in
+"""LoRA (peft.method=lora) runs: checkpoints of only what trains, a resume on another base refused, final/ (adapter
+and merged model) read by evaluate.py, peft and transformers alike, gradient checkpointing and two processes,
+int8 and ONNX Runtime scoring. The run they share trains once, in this process (nothing of it depends on being a
+process of its own), as evaluate.py's runs here do (its main); what needs real processes (two ranks) forks them
+from the zygote (trainkit). The kill/Ctrl-C/crash-in-save chains with LoRA, and bf16 autocast with LoRA, are in
 test_resume_kill.py; FSDP with LoRA in test_checkpoint.py."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
-import subprocess
-import sys
+import signal
 
 import numpy as np
 import pytest
@@ -19,39 +22,47 @@ from pipeline import tasks
 from pipeline.checks import load_config
 from pipeline.evaluation import model as model_io
 from pipeline.models import lora
-from pipeline.training import checkpoint
-from tests.training.multikit import launch_two_processes, log_of, stop, wait_all, workers
-from tests.training.multikit import wait_for_step as multi_wait_for_step
+from pipeline.training import checkpoint, signals
+from pipeline.training.loop import train
+from tests.accelkit import reset
 from tests.training.trainkit import (
-    REPO,
     build_prepared,
     build_prepared_lm,
     clone_prepared,
     final_weights,
-    launch,
+    fork_launch,
+    fork_launch_ranks,
     log_text,
     records,
     run_dir,
-    run_train,
     trajectory,
+    wait_for_step,
     with_pretrained_base,
 )
-
-pytestmark = pytest.mark.slow
+from tests.zygote import wait_ranks
 
 # 160 rows, batch 8: 20 steps per epoch, 2 epochs
 TRAIN = {"epochs": 2, "batch_size": 8, "lr": 1e-2, "log_every": 1, "eval_every": 10, "save_every": 5,
          "keep_last": 100, "keep_best": 1}
 
 
+def _train(cfg, *overrides: str, resume: str | None = None) -> int:
+    """train.py's run in this process (accelerate's singletons reset before and after)."""
+    reset()
+    try:
+        return train(load_config(cfg, list(overrides)), str(cfg), resume)
+    finally:
+        reset()
+
+
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory):
-    """A LoRA classifier on a tiny 'pretrained' BERT, trained once, uninterrupted."""
+    """A LoRA classifier on a tiny 'pretrained' BERT, trained once, uninterrupted, in this process; its stdout."""
     root = tmp_path_factory.mktemp("lora")
     cfg = with_pretrained_base(build_prepared(root, train=TRAIN))
-    done = run_train(cfg)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return cfg, done.stdout
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert _train(cfg) == signals.EXIT_OK
+    return cfg, out.getvalue()
 
 
 def _rows(cfg, n: int = 16) -> dict:
@@ -86,11 +97,14 @@ def _auto():
     return AutoModelForSequenceClassification
 
 
-def test_final_adapter_merged_model_and_checkpoint_give_the_same_predictions(lora_run):
+def test_final_adapter_merged_model_and_checkpoint_give_the_same_predictions(lora_run, capsys):
     """evaluate.py's three ways in (final/ merged, final/adapter, the last checkpoint) and peft's own
-    AutoPeftModel (unmerged) agree to 1e-5; the merged final/ is a plain transformers model."""
+    AutoPeftModel (unmerged) agree to 1e-5; the merged final/ is a plain transformers model; evaluate.py's main
+    scores the adapter folder (as a process: test_int8_and_onnx_runtime_score_a_merged_copy)."""
     from peft import AutoPeftModelForSequenceClassification
     from transformers import AutoConfig, AutoModelForSequenceClassification, pipeline
+
+    from pipeline.evaluate import main as evaluate_main
 
     cfg, _ = lora_run
     run = run_dir(cfg)
@@ -110,9 +124,13 @@ def test_final_adapter_merged_model_and_checkpoint_give_the_same_predictions(lor
         assert torch.allclose(logits, want, atol=1e-5), (name, (logits - want).abs().max())
     clf = pipeline("text-classification", model=str(run / "final"), device="cpu")
     assert clf("w1 great w2")[0]["label"] in ("negative", "neutral", "positive")
-    done = subprocess.run([sys.executable, "pipeline/evaluate.py", "--config", str(cfg), "--split", "test",
-                           "--checkpoint", str(adapter)], capture_output=True, text=True, cwd=REPO)
-    assert done.returncode == 0 and "accuracy" in done.stdout, done.stderr[-2000:]
+    capsys.readouterr()
+    reset()
+    try:
+        assert evaluate_main(["--config", str(cfg), "--split", "test", "--checkpoint", str(adapter), "--quiet"]) == 0
+    finally:
+        reset()
+    assert "accuracy" in capsys.readouterr().out
 
 
 def test_a_resume_on_another_base_is_refused_in_one_line(lora_run, tmp_path):
@@ -121,18 +139,20 @@ def test_a_resume_on_another_base_is_refused_in_one_line(lora_run, tmp_path):
     mine = clone_prepared(cfg, tmp_path)
     shutil.copytree(cfg.parent / "base", tmp_path / "base")
     mine.write_text(mine.read_text().replace(str(cfg.parent / "base"), str(tmp_path / "base")))
-    assert run_train(mine, "train.max_steps=3").returncode == 0
-    done = run_train(mine, "--resume", "auto", "train.max_steps=6", f"model.name_or_path={cfg.parent / 'base'}")
-    last = done.stderr.strip().splitlines()[-1]
-    assert done.returncode == 2 and f"adapts base model {tmp_path / 'base'} (weights " in last, last
+    assert _train(mine, "train.max_steps=3") == signals.EXIT_OK
+    with pytest.raises(ValueError) as e:
+        _train(mine, "train.max_steps=6", f"model.name_or_path={cfg.parent / 'base'}", resume="auto")
+    last = str(e.value)
+    assert "\n" not in last and f"adapts base model {tmp_path / 'base'} (weights " in last, last
     assert f"the config's is {cfg.parent / 'base'} (other [model] settings" in last, last
     weights = load_file(str(tmp_path / "base" / "model.safetensors"))
     key = next(k for k in weights if "encoder.layer.0" in k and k.endswith("weight"))
     weights[key] = weights[key] + 1e-3
     save_file(weights, str(tmp_path / "base" / "model.safetensors"), metadata={"format": "pt"})
-    done = run_train(mine, "--resume", "auto", "train.max_steps=6")
-    last = done.stderr.strip().splitlines()[-1]
-    assert done.returncode == 2 and last.count(f"{tmp_path / 'base'} (weights ") == 2, last
+    with pytest.raises(ValueError) as e:
+        _train(mine, "train.max_steps=6", resume="auto")
+    last = str(e.value)
+    assert "\n" not in last and last.count(f"{tmp_path / 'base'} (weights ") == 2, last
     assert "adapts base model" in last and "the config's is" in last, last
 
 
@@ -141,26 +161,33 @@ def test_other_peft_settings_are_refused_on_resume(lora_run, tmp_path):
     cfg, _ = lora_run
     mine = clone_prepared(cfg, tmp_path)
     shutil.copytree(run_dir(cfg) / "checkpoints", run_dir(mine) / "checkpoints")
-    done = run_train(mine, "--resume", "auto", "peft.r=8", "train.epochs=3")
-    assert done.returncode == 2 and "other [peft] settings" in done.stderr.strip().splitlines()[-1]
-    done = run_train(mine, "--resume", "auto", "peft.method=none", "train.epochs=3")
-    assert done.returncode == 2 and "other [peft] settings" in done.stderr.strip().splitlines()[-1]
+    for other in ("peft.r=8", "peft.method=none"):
+        with pytest.raises(ValueError, match=r"other \[peft\] settings") as e:
+            _train(mine, other, "train.epochs=3", resume="auto")
+        assert "\n" not in str(e.value)
 
 
+def _ranks_log(cfg, name: str) -> str:
+    return "".join(log_text(cfg, f"{name}-{r}") for r in (0, 1))
+
+
+@pytest.mark.slow
 def test_gradient_checkpointing_and_two_processes_with_lora(lora_run, tmp_path):
     """Two processes at batch 4 with non-reentrant gradient checkpointing (the frozen embeddings make the
-    reentrant variant fail with 'element 0 of tensors does not require grad') == one process at batch 8,
-    to fp32 tolerance; dropout is off in both."""
+    reentrant variant fail with 'element 0 of tensors does not require grad') == one process at batch 8, to fp32
+    tolerance; dropout is off in both. The ranks are forked from the zygote with the environment `accelerate
+    launch` gives its workers (trainkit.fork_launch_ranks; the launcher itself: test_multiprocess.py)."""
     cfg, _ = lora_run
     one, two = clone_prepared(cfg, tmp_path / "one"), clone_prepared(cfg, tmp_path / "two")
     shutil.copytree(cfg.parent / "base", tmp_path / "base")  # the base without its dropout: ranks draw their own
     conf = json.loads((tmp_path / "base" / "config.json").read_text())
     (tmp_path / "base" / "config.json").write_text(json.dumps({**conf, "hidden_dropout_prob": 0.0}))
     same = ("peft.dropout=0.0", "train.max_steps=12", f"model.name_or_path={tmp_path / 'base'}")
-    single = launch(one, *same)
-    multi = launch_two_processes(two, *same, "train.batch_size=4", "train.gradient_checkpointing=true")
-    codes = wait_all([single, multi], timeout=300)
-    assert codes == [0, 0], log_text(one)[-2000:] + log_of(two, "multi")[-3000:]
+    single = fork_launch(one, *same)
+    multi = fork_launch_ranks(two, *same, "train.batch_size=4", "train.gradient_checkpointing=true")
+    codes = wait_ranks([single, *multi])
+    assert codes == [0, 0, 0], log_text(one)[-2000:] + _ranks_log(two, "multi")[-3000:]
+    assert "2 process(es)" in log_text(two, "multi-0")
     a = [(r["step"], r["loss"]) for r in records(run_dir(one))]
     b = [(r["step"], r["loss"]) for r in records(run_dir(two))]
     assert [s for s, _ in a] == [s for s, _ in b] == list(range(1, 13))
@@ -168,48 +195,40 @@ def test_gradient_checkpointing_and_two_processes_with_lora(lora_run, tmp_path):
     assert np.std([x for _, x in a]) > 1e-3
     wa, wb = final_weights(run_dir(one)), final_weights(run_dir(two))
     assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-5
-    assert "does not require grad" not in log_of(two, "multi")
+    assert "does not require grad" not in _ranks_log(two, "multi")
 
 
+@pytest.mark.slow
 def test_two_process_lora_resume_after_sigkill_equals_the_uninterrupted_run(lora_run, tmp_path):
+    """Both ranks SIGKILLed at once at step 8 (a power cut, mid-epoch: 20 steps per epoch; checkpoint at 5), resumed:
+    == the uninterrupted pair, each rank's dropout masks included (one epoch: 20 steps)."""
     cfg, _ = lora_run
     ref, killed = clone_prepared(cfg, tmp_path / "ref"), clone_prepared(cfg, tmp_path / "killed")
-    over = ("train.batch_size=4", "train.max_steps=30")
-    reference = launch_two_processes(ref, *over)
-    proc = launch_two_processes(killed, *over, log="first")
+    over = ("train.batch_size=4", "train.max_steps=20")
+    reference = fork_launch_ranks(ref, *over)
+    first = fork_launch_ranks(killed, *over, log_name="first")
     try:
-        workers(proc, 2)
-        multi_wait_for_step([proc], run_dir(killed), 8)  # mid-epoch: 20 steps per epoch
+        assert wait_for_step(first[0], run_dir(killed), 8), _ranks_log(killed, "first")[-3000:]
     finally:
-        stop(proc)  # SIGKILL to the launcher and both ranks at once: a power cut
-    resumed = launch_two_processes(killed, *over, "--resume", "auto", log="resumed")
-    assert wait_all([reference, resumed], timeout=300) == [0, 0], log_of(killed, "resumed")[-3000:]
-    assert "resuming from" in log_of(killed, "resumed")
+        for p in first:  # SIGKILL to both ranks at once: a power cut
+            p.kill()
+    assert [p.wait(60) for p in first] == [-signal.SIGKILL] * 2
+    resumed = fork_launch_ranks(killed, *over, "--resume", "auto", log_name="resumed")
+    assert wait_ranks([*reference, *resumed]) == [0] * 4, _ranks_log(killed, "resumed")[-3000:]
+    assert "resuming from" in log_text(killed, "resumed-0")
     assert trajectory(run_dir(killed)) == trajectory(run_dir(ref))
     a, b = final_weights(run_dir(killed)), final_weights(run_dir(ref))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_bf16_autocast_with_lora(lora_run, tmp_path):
-    cfg, _ = lora_run
-    mine = clone_prepared(cfg, tmp_path)
-    done = run_train(mine, "train.mixed_precision=bf16", "train.allow_slow_bf16=true", "train.max_steps=6")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "precision bf16" in done.stdout
-    losses = [r["loss"] for r in records(run_dir(mine))]
-    assert len(losses) == 6 and all(np.isfinite(losses))
-    assert any("lora_" in k for k in load_file(str(checkpoint.complete_checkpoints(
-        run_dir(mine) / "checkpoints")[-1][0] / "model.safetensors")))
-
-
+@pytest.mark.slow
 def test_causal_lm_lora_adapter_and_merged_model_score_the_same(tmp_path):
     from peft import AutoPeftModelForCausalLM
     from transformers import AutoModelForCausalLM
 
     cfg = with_pretrained_base(build_prepared_lm(tmp_path, train={"epochs": 1, "eval_every": 0}),
                                {"merge_final": False})
-    done = run_train(cfg)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert _train(cfg) == signals.EXIT_OK
     final = run_dir(cfg) / "final"
     assert not (final / "model.safetensors").exists() and (final / "adapter" / "adapter_config.json").is_file()
     assert checkpoint.is_final(final)
@@ -224,21 +243,28 @@ def test_causal_lm_lora_adapter_and_merged_model_score_the_same(tmp_path):
         assert (base(input_ids=ids).logits - via_peft).abs().max() > 1e-4  # the adapter changed something
 
 
-def test_int8_and_onnx_runtime_score_a_merged_copy(lora_run, tmp_path):
-    """Quantization and ONNX export take a plain model: validation during a LoRA run and evaluate.py on a LoRA
-    checkpoint score the adapter merged into its base, within int8's tolerance of the fp32 scores."""
+@pytest.mark.slow  # ONNX export and ONNX Runtime: seconds
+def test_int8_and_onnx_runtime_score_a_merged_copy(lora_run, tmp_path, capsys):
+    """Quantization and ONNX export take a plain model: validation during a LoRA run and evaluate.py's main on a
+    LoRA checkpoint score the adapter merged into its base, within int8's tolerance of the fp32 scores (in this
+    process: nothing here depends on a process of its own; evaluate.py as a process: tests/evaluation)."""
+    from pipeline.evaluate import main as evaluate_main
+
     cfg, _ = lora_run
     mine = clone_prepared(cfg, tmp_path)
-    done = run_train(mine, "train.max_steps=4", "train.eval_every=2", "eval.precision=int8")
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert _train(mine, "train.max_steps=4", "train.eval_every=2", "eval.precision=int8") == signals.EXIT_OK
     evals = [r["eval"] for r in records(run_dir(mine), "eval")]
     assert [e["examples"] for e in evals] == [48, 48] and all(0 <= e["accuracy"] <= 1 for e in evals)
     scores = {}
     for runtime in ("torch", "onnxruntime"):
-        out = subprocess.run([sys.executable, "pipeline/evaluate.py", "--config", str(mine), "--split", "validation",
-                              "--checkpoint", "last", f"eval.runtime={runtime}"], capture_output=True, text=True,
-                             cwd=REPO)
-        assert out.returncode == 0, out.stderr[-2000:]
+        capsys.readouterr()
+        reset()
+        try:
+            assert evaluate_main(["--config", str(mine), "--quiet", "--split", "validation", "--checkpoint", "last",
+                                  f"eval.runtime={runtime}"]) == 0
+        finally:
+            reset()
+        assert "accuracy" in capsys.readouterr().out
         metrics = json.loads((run_dir(mine) / "eval" / "validation-last" / "metrics.json").read_text())
         assert metrics["runtime"] == runtime and metrics["step"] == 4
         scores[runtime] = metrics["chunk"]
@@ -246,14 +272,14 @@ def test_int8_and_onnx_runtime_score_a_merged_copy(lora_run, tmp_path):
     assert abs(scores["torch"]["loss"] - scores["onnxruntime"]["loss"]) < 1e-4
 
 
-def test_a_resume_after_the_last_step_exports_a_missing_final(lora_run, tmp_path):
+def test_a_resume_after_the_last_step_exports_a_missing_final(lora_run, tmp_path, capsys):
     """A run killed between its last checkpoint and its export: --resume auto has no step left, and exports
     final/ (adapter and merged model) from that checkpoint."""
     cfg, _ = lora_run
     mine = clone_prepared(cfg, tmp_path)
     shutil.copytree(run_dir(cfg) / "checkpoints", run_dir(mine) / "checkpoints")
-    done = run_train(mine, "--resume", "auto")
-    assert done.returncode == 0 and "nothing to do" in done.stdout, done.stderr[-2000:]
+    assert _train(mine, resume="auto") == signals.EXIT_OK
+    assert "nothing to do" in capsys.readouterr().out
     final = run_dir(mine) / "final"
     assert (final / "adapter" / "adapter_model.safetensors").is_file() and checkpoint.verify(final) is None
     a, b = final_weights(run_dir(mine)), final_weights(run_dir(cfg))

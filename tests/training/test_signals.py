@@ -1,17 +1,14 @@
-"""Stop requests: a signal only sets a flag (the loop saves and exits 75 at the next step boundary;
-the real-process cases are in test_resume_kill.py), and `accelerate launch` runs train.py."""
+"""Stop requests: a signal only sets a flag (the loop saves and exits 75 at the next step boundary; the
+real-process cases are in test_resume_kill.py, the in-process stop and resume in test_loop.py). That
+`accelerate launch` runs train.py is checked by test_resume_kill.py's classifier matrix, whose uninterrupted
+run it starts."""
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-
-import pytest
 
 from pipeline.training import signals
-from tests.training.trainkit import REPO, _env, run_dir
 
 
 def test_signal_sets_the_flag_and_handlers_are_restored(capsys):
@@ -25,14 +22,3 @@ def test_signal_sets_the_flag_and_handlers_are_restored(capsys):
     flag.restore()
     assert signal.getsignal(signal.SIGTERM) is before
     assert signals.EXIT_INTERRUPTED == 75 and set(signals.EXIT_CODES) == {0, 2, 65, 75}
-
-
-@pytest.mark.slow
-def test_accelerate_launch_runs_train_py(prepared):
-    config = prepared(train={"epochs": 1, "save_every": 0})
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "accelerate_config.yaml"),
-           str(REPO / "pipeline" / "train.py"), "--config", str(config)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=_env(), cwd=REPO)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "1 process(es), precision no" in out.stdout
-    assert (run_dir(config) / "final" / "model.safetensors").is_file()

@@ -1,24 +1,35 @@
 """pipeline/sweep.py: trials are normal run folders, pruned from their validation metric, and a sweep SIGKILLed
-twice (once inside a trial, once between trials) ends with the same trials and best value as one never stopped."""
+twice (once inside a trial, once between trials) ends with the same trials and best value as one never stopped.
+
+Each trial is a train.py process, as a sweep runs it; a sweep that is killed (or shares a study with another) is a
+process of its own, forked from the warm zygote (`_start`). The sweeps that run to their end untouched (the
+uninterrupted reference, the killed sweep's last rerun, one of two sharing a study) run sweep.py's main in this
+process (`_sweep_here`). Three trials show what four did (pruning after the first; a kill inside trial 0, another
+after trial 1, the rerun finishing trial 2).
+"""
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
+from contextlib import redirect_stdout
 from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 
 from pipeline.config import ConfigError
-from tests.training.trainkit import REPO, _env, build_prepared, clone_prepared, records
+from tests.training.trainkit import REPO, build_prepared, clone_prepared, records
+from tests.zygote import child_env, zygote
 
 SPACE = """name: s
-trials: 4
+trials: 3
 seed: 3
 startup_trials: 2
 pruner_startup_trials: 1
@@ -29,12 +40,34 @@ params:
 """
 
 
-def _cmd(cfg: Path, space: Path) -> list[str]:
-    return [sys.executable, str(REPO / "pipeline" / "sweep.py"), "--space", str(space), "--config", str(cfg)]
+def _start(cfg: Path, space: Path, log: Path):
+    """`python pipeline/sweep.py --space SPACE --config CFG` as a real process, forked from the warm zygote
+    (trainkit.zygote: no imports), its output to `log`; it starts its trials as train.py processes."""
+    argv = [REPO / "pipeline" / "sweep.py", "--space", space, "--config", cfg]
+    return zygote().start([str(a) for a in argv], log, log, child_env())
 
 
-def _sweep(cfg: Path, space: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(_cmd(cfg, space), capture_output=True, text=True, timeout=600, env=_env(), cwd=REPO)
+def _forked_trial(cmd: list, stdout, stderr, env: dict, cwd: str, preexec_fn):
+    """subprocess.Popen for study._run_trial: the trial's `python pipeline/train.py ...` forked from the warm zygote
+    (a real process that skips the imports; poll, send_signal and returncode as Popen's), its output to the trial's
+    train.log. Only for sweeps that run in this process and are never killed: the trial dying with its sweep
+    (preexec_fn, PR_SET_PDEATHSIG) is the killed sweeps' part, whose trials are started as the product starts them."""
+    assert Path(cmd[1]).name == "train.py"  # (the zygote's children run in the repository root; the paths are absolute)
+    return zygote().start(cmd[1:], Path(stdout.name), Path(stdout.name), env)
+
+
+def _sweep_here(cfg: Path, space: Path) -> tuple[int, str]:
+    """`python pipeline/sweep.py --space SPACE --config CFG`, its main in this process (its trials are train.py
+    processes all the same, forked: _forked_trial; the environment variables main sets for its process are undone
+    after): its exit code and what it printed."""
+    from pipeline.sweep import main
+    from pipeline.sweeps import study
+
+    out = io.StringIO()
+    with redirect_stdout(out), mock.patch.dict(os.environ), \
+            mock.patch.object(study, "subprocess", SimpleNamespace(Popen=_forked_trial, STDOUT=subprocess.STDOUT)):
+        code = main(["--space", str(space), "--config", str(cfg)])
+    return code, out.getvalue()
 
 
 def _trials(folder: Path) -> list[tuple]:
@@ -45,7 +78,7 @@ def _trials(folder: Path) -> list[tuple]:
     return [(t.number, t.state.name, t.params, t.value, t.intermediate_values) for t in study.get_trials()]
 
 
-def _wait(predicate, proc: subprocess.Popen, timeout: float = 300) -> None:
+def _wait(predicate, proc, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert proc.poll() is None, f"the sweep ended (exit {proc.returncode}) before the moment to kill it"
@@ -80,29 +113,29 @@ def sweeps(tmp_path_factory):
                                                                    "save_every": 2})
     space = base.parent / "space.yaml"
     space.write_text(SPACE, encoding="utf-8")
-    whole = _sweep(base, space)
-    assert whole.returncode == 0, whole.stderr[-3000:]
+    code, stdout = _sweep_here(base, space)
+    assert code == 0, stdout[-3000:]
     cut = clone_prepared(base, tmp_path_factory.mktemp("killed"))
     folder = cut.parent / "out" / "sweeps" / "s"
-    proc = subprocess.Popen(_cmd(cut, space), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(), cwd=REPO)
+    proc = _start(cut, space, cut.parent / "first.log")
     _wait(lambda: any(r["step"] >= 3 for r in records(folder / "trial-0000")), proc)  # inside trial 0
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     time.sleep(0.5)
     orphans = _trainers_of(folder)  # the trial's train.py dies with the sweep (PR_SET_PDEATHSIG)
-    proc = subprocess.Popen(_cmd(cut, space), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(), cwd=REPO)
+    proc = _start(cut, space, cut.parent / "second.log")
     _wait(lambda: _finished_rows(folder) >= 2, proc)  # trial 1 told, trial 2 not yet (or just) started
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    last = _sweep(cut, space)
-    assert last.returncode == 0, last.stderr[-3000:]
-    return {"whole": base.parent / "out" / "sweeps" / "s", "cut": folder, "orphans": orphans, "stdout": whole.stdout}
+    last, printed = _sweep_here(cut, space)
+    assert last == 0, printed[-3000:]
+    return {"whole": base.parent / "out" / "sweeps" / "s", "cut": folder, "orphans": orphans, "stdout": stdout}
 
 
 @pytest.mark.slow
 def test_a_sweep_killed_twice_ends_as_one_never_stopped(sweeps):
     whole, cut = _trials(sweeps["whole"]), _trials(sweeps["cut"])
-    assert len(whole) == 4 and {t[1] for t in whole} == {"COMPLETE", "PRUNED"}  # pruning happened, from validation
+    assert len(whole) == 3 and {t[1] for t in whole} == {"COMPLETE", "PRUNED"}  # pruning happened, from validation
     assert cut == whole  # the same parameters, states, values and reported validations, trial by trial
     assert sweeps["orphans"] == []
     s_whole = json.loads((sweeps["whole"] / "summary.json").read_text())
@@ -111,7 +144,7 @@ def test_a_sweep_killed_twice_ends_as_one_never_stopped(sweeps):
     # trial 0 was resumed from its checkpoint, not started over; no trial ran twice
     launches = json.loads((sweeps["cut"] / "trial-0000" / "run_info.json").read_text())["launches"]
     assert len(launches) == 2 and launches[1]["resumed_from"] and "set_aside" not in os.listdir(sweeps["cut"] / "trial-0000")
-    assert sorted(p.name for p in sweeps["cut"].glob("trial-*")) == [f"trial-{i:04d}" for i in range(4)]
+    assert sorted(p.name for p in sweeps["cut"].glob("trial-*")) == [f"trial-{i:04d}" for i in range(3)]
 
 
 @pytest.mark.slow
@@ -131,11 +164,11 @@ def test_trials_are_run_folders_with_their_parameters_and_the_table_is_written(s
             assert value == reported[max(reported)]
     with open(folder / "trials.csv", encoding="utf-8") as f:
         table = list(csv.DictReader(f))
-    assert [int(r["trial"]) for r in table] == [0, 1, 2, 3]
+    assert [int(r["trial"]) for r in table] == [0, 1, 2]
     assert "| trial | state | train.lr | train.warmup_ratio | train.batch_size | accuracy |" in sweeps["stdout"]
 
 
-def test_the_sweep_file_is_checked_naming_the_file_and_key(tmp_path):
+def test_the_sweep_file_is_checked_naming_the_file_and_key(tmp_path, capsys):
     from pipeline.sweeps import study
 
     cfg = build_prepared(tmp_path)
@@ -155,6 +188,16 @@ def test_the_sweep_file_is_checked_naming_the_file_and_key(tmp_path):
         space.write_text(text, encoding="utf-8")
         with pytest.raises(ConfigError, match=rf"^{space}: {message}"):
             study.open_sweep(space, cfg, [])
+    # sweep.py's main, as its process runs it (run_main): a bad --trials is one line and exit 2, nothing started
+    from pipeline.cli import run_main
+    from pipeline.sweep import main
+
+    space.write_text(SPACE, encoding="utf-8")
+    capsys.readouterr()
+    with mock.patch.dict(os.environ), pytest.raises(SystemExit) as ended:
+        run_main(lambda _: main(["--space", str(space), "--config", str(cfg), "--trials", "0"]))
+    assert ended.value.code == 2 and capsys.readouterr().err == "error: --trials must be at least 1, got 0\n"
+    assert not (cfg.parent / "out" / "sweeps").exists()
 
 
 def test_a_sweep_folder_continues_only_the_sweep_it_started(tmp_path):
@@ -176,22 +219,29 @@ def test_a_sweep_folder_continues_only_the_sweep_it_started(tmp_path):
 
 @pytest.mark.slow
 def test_two_sweep_processes_share_one_study_and_run_each_trial_once(tmp_path):
-    """Two sweeps on one study at once (as machines sharing a database would): the trials in all, each once."""
+    """Two sweeps on one study at once (as machines sharing a database would; one of them in this process): the
+    trials in all, each once. Two trials: each sweep asks while the other's trial runs (and, done, finds the
+    other's trial running, locked, and none left to ask)."""
     cfg = build_prepared(tmp_path, train={"max_steps": 4, "eval_every": 2, "log_every": 2, "save_every": 2})
     space = tmp_path / "space.yaml"
-    space.write_text(SPACE.replace("pruner_startup_trials: 1", "pruner: none"), encoding="utf-8")
-    procs = [subprocess.Popen(_cmd(cfg, space), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
-                              cwd=REPO) for _ in range(2)]
-    outs = [p.communicate(timeout=600) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    space.write_text(SPACE.replace("pruner_startup_trials: 1", "pruner: none").replace("trials: 3", "trials: 2"),
+                     encoding="utf-8")
     folder = cfg.parent / "out" / "sweeps" / "s"
+    other = _start(cfg, space, tmp_path / "other.log")
+    try:
+        _wait(lambda: (folder / "sweep.json").is_file(), other)  # it has opened the study: both start together
+        code, printed = _sweep_here(cfg, space)
+    finally:
+        other.wait(timeout=600)
+    out = (tmp_path / "other.log").read_text(errors="replace")
+    assert [other.returncode, code] == [0, 0], out[-2000:] + printed[-2000:]
     trials = _trials(folder)
-    assert [t[0] for t in trials] == [0, 1, 2, 3] and {t[1] for t in trials} == {"COMPLETE"}
-    started = [line.split(":")[0] for out, _ in outs for line in out.splitlines() if line.startswith("trial ")
+    assert [t[0] for t in trials] == [0, 1] and {t[1] for t in trials} == {"COMPLETE"}
+    started = [line.split(":")[0] for text in (out, printed) for line in text.splitlines() if line.startswith("trial ")
                and ": train.lr=" in line]
-    assert sorted(started) == [f"trial {i}" for i in range(4)]  # each trial started by one process, once
+    assert sorted(started) == [f"trial {i}" for i in range(2)]  # each trial started by one process, once
     assert all(len(json.loads((folder / f"trial-{i:04d}" / "run_info.json").read_text())["launches"]) == 1
-               for i in range(4))
+               for i in range(2))
 
 
 def test_a_trials_score_is_its_best_validation_even_without_a_finished_record(tmp_path):

@@ -5,7 +5,6 @@ in a moment, a tiny model), and helpers that run train.py as a real process."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
@@ -13,6 +12,8 @@ import time
 from pathlib import Path
 
 import yaml
+
+from tests.zygote import Forked, child_env, fork_ranks, fork_run, zygote
 
 REPO = Path(__file__).resolve().parents[2]
 LABELS = ["negative", "neutral", "positive"]
@@ -126,15 +127,11 @@ def train_cmd(config: Path, *extra: str) -> list[str]:
 
 
 def run_train(config: Path, *extra: str, timeout: int = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(train_cmd(config, *extra), capture_output=True, text=True, timeout=timeout, env=_env(), cwd=REPO)
+    return subprocess.run(train_cmd(config, *extra), capture_output=True, text=True, timeout=timeout, env=child_env(), cwd=REPO)
 
 
 def run_dir(config: Path) -> Path:
     return config.parent / "out" / "run"
-
-
-def _env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 
 
 def launch(config: Path, *extra: str, crash: tuple[str, int] | None = None, nan_from: int | None = None,
@@ -147,7 +144,7 @@ def launch(config: Path, *extra: str, crash: tuple[str, int] | None = None, nan_
     elif nan_from:
         cmd = [sys.executable, str(Path(__file__).with_name("nan_at.py")), str(nan_from), *cmd[2:]]
     out = open(config.parent / f"{log_name}.log", "w")
-    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=REPO)
+    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(), cwd=REPO)
 
 
 def log_text(config: Path, log_name: str = "proc") -> str:
@@ -241,3 +238,35 @@ def with_pretrained_base(config: Path, peft: dict | None = None) -> Path:
     tree["peft"] = {"method": "lora", "r": 4, "alpha": 8, "dropout": 0.1, **(peft or {})}
     config.write_text(yaml.safe_dump(tree), encoding="utf-8")
     return config
+
+
+# ---------------------------------------------------------------- train.py forked from the zygote (tests/zygote.py)
+
+
+def fork_launch(config: Path, *extra: str, crash: tuple[str, int] | None = None, nan_from: int | None = None,
+                log_name: str = "proc") -> Forked:
+    """launch, forked from the zygote: train.py (or the crash_in_save / nan_at wrapper) as a real process that
+    skips the imports; output to <config folder>/<log_name>.log (log_text reads it)."""
+    cmd = train_cmd(config, *extra)[1:]
+    if crash:
+        cmd = [str(Path(__file__).with_name("crash_in_save.py")), crash[0], str(crash[1]), *cmd[1:]]
+    elif nan_from:
+        cmd = [str(Path(__file__).with_name("nan_at.py")), str(nan_from), *cmd[1:]]
+    log = config.parent / f"{log_name}.log"
+    return zygote().start(cmd, log, log, child_env())
+
+
+def fork_run_train(config: Path, *extra: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    """run_train, forked from the zygote: stdout and stderr apart, as text."""
+    return fork_run(train_cmd(config, *extra)[1:], timeout)
+
+
+def fork_launch_ranks(config: Path, *extra: str, processes: int = 2, log_name: str = "multi") -> list[Forked]:
+    """train.py as `processes` ranks over gloo on this machine (fork_ranks), each with the environment that
+    `ACCELERATE_USE_CPU=true accelerate launch --config_file configs/accelerate/cpu_multiprocess.yaml` gives its
+    workers (torchrun's, and accelerate's ACCELERATE_*), less the launcher. Rank r's output goes to
+    <config folder>/<log_name>-<r>.log."""
+    env = {**child_env(), "ACCELERATE_USE_CPU": "true", "ACCELERATE_MIXED_PRECISION": "no",
+           "ACCELERATE_DYNAMO_BACKEND": "NO", "ACCELERATE_DYNAMO_MODE": "default",
+           "ACCELERATE_DYNAMO_USE_FULLGRAPH": "False", "ACCELERATE_DYNAMO_USE_DYNAMIC": "False"}
+    return fork_ranks(train_cmd(config, *extra)[1:], processes, config.parent / log_name, env)

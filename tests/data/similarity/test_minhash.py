@@ -163,6 +163,7 @@ def test_signatures_by_position_and_by_run_equal_the_definition(monkeypatch, pos
         np.testing.assert_array_equal(minhash.candidates_of_keys(keys, order), minhash.band_candidates(sig, bands, rows))
 
 
+@pytest.mark.slow
 def test_signed_band_keys_in_two_processes_equal_one():
     cfg = DedupConfig(num_perm=32)
     hashes, offsets = minhash.shingle_hashes(make_texts(2 * minhash._MIN_DOCS_PER_PROC + 10, words=10), "word", 3)
@@ -335,6 +336,7 @@ def test_near_duplicate_pairs_finds_edited_copies_and_drops_false_positives():
     assert all(s >= 0.5 for s in found.similarity) and found.candidates >= len(found.pairs)
 
 
+@pytest.mark.slow
 def test_sketch_with_two_processes_equals_one():
     cfg = DedupConfig(num_perm=32)
     texts = make_texts(2 * minhash._MIN_DOCS_PER_PROC + 10, words=10)

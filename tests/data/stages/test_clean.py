@@ -105,6 +105,7 @@ def test_mojibake_counts_in_stats(tmp_path):
     assert result.stats == {"mojibake_repaired": 2, "mojibake_suspect_after": 1}
 
 
+@pytest.mark.slow
 def test_parallel_map_gives_the_same_rows(tmp_path):
     texts = [f"RT @u{i}: text number {i} <br /> http://x.co/{i} &amp;" for i in range(10_000)]
     ds = _dataset(texts)

@@ -111,6 +111,7 @@ def test_the_check_can_be_off_and_a_bad_evaluation_file_is_one_line(tmp_path):
                     StageContext(out_dir=out, progress=False, similarity=DedupConfig()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", [1, 3])
 def test_the_check_on_ray_equals_the_local_engine(tmp_path, ray_cluster, monkeypatch, blocks):
     """The same rows, counts and contamination.jsonl (the leakage check on too); and with the leakage check off,

@@ -121,6 +121,7 @@ def test_estimate_check_and_char_shingles(tmp_path):
     assert set(read_report(tmp_path / REPORT)) == set(clusters)
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_same_output(tmp_path):
     texts = unrelated(2 * minhash._MIN_DOCS_PER_PROC + 20, seed=2)
     texts += [edit(t, [6], "e") for t in texts[:30]] + texts[30:40]

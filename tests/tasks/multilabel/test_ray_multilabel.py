@@ -13,6 +13,8 @@ from pipeline.data.engines.base import StageContext
 from pipeline.data.engines.local import LocalEngine
 from pipeline.tasks.multilabel import label
 
+pytestmark = pytest.mark.slow  # the session's Ray (tests/conftest.py); the local engine's side is in the fast tier
+
 BLOCKS = [1, 2, 7]
 
 

@@ -12,6 +12,8 @@ from pipeline.data.engines.base import StageContext
 from pipeline.data.engines.local import LocalEngine
 from pipeline.tasks.regression import label, strata
 
+pytestmark = pytest.mark.slow  # the session's Ray (tests/conftest.py); the local engine's side is in the fast tier
+
 BLOCKS = [1, 2, 7]
 
 

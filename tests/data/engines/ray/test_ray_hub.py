@@ -42,6 +42,7 @@ def _same(cfg: SourceConfig, blocks: int, tmp_path: Path) -> tuple:
     return local
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", [1, 2, 7])
 def test_a_hub_dataset_read_by_tasks_equals_the_local_read(tmp_path, ray_cluster, hub, blocks):
     _, rows, _, dropped, stats = _same(hub, blocks, tmp_path)
@@ -54,6 +55,7 @@ def test_a_hub_dataset_read_by_tasks_equals_the_local_read(tmp_path, ray_cluster
     assert picked[1][0]["source_split"] == "test" and 0 < len(picked[1]) < 30 and picked[4]["rows_read"] == 37
 
 
+@pytest.mark.slow
 def test_the_hub_parts_are_row_ranges_of_the_cache_files(tmp_path, ray_cluster, hub):
     pieces = formats.plan_parts(Path(hub.path), hub, 7)
     assert [(p.rows[0], p.rows[3], p.rows[4]) for p in pieces] == [
@@ -62,6 +64,7 @@ def test_the_hub_parts_are_row_ranges_of_the_cache_files(tmp_path, ray_cluster, 
     assert all(Path(f).is_relative_to(tmp_path / "cache") for p in pieces for f in p.rows[1])
 
 
+@pytest.mark.slow
 def test_the_driver_never_reads_the_hub_datasets_rows(tmp_path, ray_cluster, hub, monkeypatch):
     expected = _load(hub, LocalEngine(), tmp_path)
 
@@ -80,6 +83,7 @@ def test_the_driver_never_reads_the_hub_datasets_rows(tmp_path, ray_cluster, hub
     assert loaded.data.to_list() == expected[1] and loaded.stats == expected[4]
 
 
+@pytest.mark.slow
 def test_a_dataset_load_dataset_holds_in_memory_is_read_on_the_driver(tmp_path, ray_cluster, hub, monkeypatch):
     import datasets
 
@@ -88,6 +92,7 @@ def test_a_dataset_load_dataset_holds_in_memory_is_read_on_the_driver(tmp_path, 
     assert len(_same(hub, 7, tmp_path)[1]) == 48
 
 
+@pytest.mark.slow
 def test_a_task_that_cannot_see_the_hf_cache_fails_in_one_line(tmp_path, ray_cluster, hub):
     pieces = formats.plan_parts(Path(hub.path), hub, 2)
     missing = pieces[0].rows[1][0]

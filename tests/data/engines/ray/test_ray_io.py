@@ -44,6 +44,7 @@ def _engine(**kw):
     return RayEngine.connect(RayConfig(**kw))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", [1, 2, 7])
 def test_a_map_on_ray_reads_its_rows_from_disk_and_equals_the_local_map(tmp_path, ray_cluster, blocks):
     import datasets
@@ -64,6 +65,7 @@ def test_a_map_on_ray_reads_its_rows_from_disk_and_equals_the_local_map(tmp_path
     assert not (tmp_path / "stage" / ".ray-maps").exists()  # removed before the stage folder is renamed
 
 
+@pytest.mark.slow
 def test_a_stage_folder_saved_on_ray_is_what_save_to_disk_writes(tmp_path, ray_cluster):
     """Each shard by a task from the rows' own files, the metadata by the driver: file for file the
     bytes of save_to_disk with as many shards, a DatasetDict and an empty split included."""
@@ -85,6 +87,7 @@ def test_a_stage_folder_saved_on_ray_is_what_save_to_disk_writes(tmp_path, ray_c
     assert back["validation"]["id"][:] == ["d0007", "d0003", "d0450"] and back["test"].num_rows == 0
 
 
+@pytest.mark.slow
 def test_a_file_a_worker_cannot_see_is_one_line_naming_it(tmp_path, ray_cluster):
     """What a node without the shared output_dir meets: the stage's file is not there."""
     import shutil
@@ -112,6 +115,7 @@ def _slow_stage(ds, cfg, ctx: StageContext) -> StageResult:
     return StageResult(ctx.engine.map_batches(ds, _slow_upper, {"text": datasets.Value("string")}, batch_size=20))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("retries", [2, 0])
 def test_a_worker_killed_while_writing_its_shard_never_leaves_a_complete_stage(tmp_path, ray_cluster, retries):
     from pipeline.data.engines.base import StageFailed

@@ -77,6 +77,7 @@ def _same(cfg: SourceConfig, blocks: int, tmp_path: Path) -> tuple:
     return local
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", [1, 2, 7])
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "csv-quoted", "tsv", "parquet", "folder"])
 def test_every_format_read_in_parts_equals_the_local_read(tmp_path, ray_cluster, fmt, blocks):
@@ -92,6 +93,7 @@ def test_every_format_read_in_parts_equals_the_local_read(tmp_path, ray_cluster,
     assert 0 < len(sampled[1]) < len(rows) and sampled[3]["not_sampled"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", [2, 7])
 def test_max_rows_is_a_prefix_of_the_file_across_parts(tmp_path, ray_cluster, blocks):
     lines = [json.dumps({"text": f"t{k}"}) for k in range(40)]
@@ -108,6 +110,7 @@ def test_max_rows_is_a_prefix_of_the_file_across_parts(tmp_path, ray_cluster, bl
                                f"column 2); fix the line or set source.bad_lines=skip")
 
 
+@pytest.mark.slow
 def test_a_bad_line_in_the_middle_of_a_part_names_the_file_and_its_line(tmp_path, ray_cluster):
     lines = [json.dumps({"text": f"t{k}", "label": "x"}) for k in range(100)]
     lines[72] = '{"text": {"nested": 1}, "label": "x"}'
@@ -118,6 +121,7 @@ def test_a_bad_line_in_the_middle_of_a_part_names_the_file_and_its_line(tmp_path
                                                 f"fix the line or set source.bad_lines=skip")
 
 
+@pytest.mark.slow
 def test_the_files_bytes_are_checked_before_its_records_whatever_part_holds_them(tmp_path, ray_cluster):
     lines = [json.dumps({"text": f"t{k}"}) for k in range(60)]
     lines[3] = "not json"
@@ -126,6 +130,7 @@ def test_the_files_bytes_are_checked_before_its_records_whatever_part_holds_them
     assert error[0] == "error" and "a NUL byte at offset" in error[1]
 
 
+@pytest.mark.slow
 def test_a_repeated_id_across_two_parts_is_the_local_one_line_error(tmp_path, ray_cluster):
     records = [{"text": f"t{k}", "id": f"id{k}"} for k in range(50)]
     records[45]["id"] = records[2]["id"] = "same"
@@ -141,6 +146,7 @@ def test_a_repeated_id_across_two_parts_is_the_local_one_line_error(tmp_path, ra
                                                            id_field="id"), 2, tmp_path)[1]
 
 
+@pytest.mark.slow
 def test_jsonl_parts_whose_types_disagree_are_all_read_as_one_read_would(tmp_path, ray_cluster):
     """Labels 1.0 (a number) in the first half, strings in the second: pyarrow cannot parse the whole
     file, so one read uses the line reader ("1.0"); each half alone would parse ("1")."""
@@ -150,6 +156,7 @@ def test_jsonl_parts_whose_types_disagree_are_all_read_as_one_read_would(tmp_pat
     assert local[1][0]["label"] == "1.0"
 
 
+@pytest.mark.slow
 def test_the_driver_never_reads_the_sources_rows(tmp_path, ray_cluster, monkeypatch):
     fields = _write(tmp_path, "jsonl", _records())
     expected = _load(SourceConfig(**fields), LocalEngine(), tmp_path)
@@ -181,6 +188,7 @@ def _quoted_csv(tmp_path: Path, newline: str = "\n", rows: int = 200, extra: dic
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", [1, 2, 7])
 @pytest.mark.parametrize("newline", ["\n", "\r\n"])
 def test_a_quoted_csv_read_in_parts_equals_the_local_read(tmp_path, ray_cluster, blocks, newline):
@@ -194,6 +202,7 @@ def test_a_quoted_csv_read_in_parts_equals_the_local_read(tmp_path, ray_cluster,
     assert [r["text"] for r in capped[1]] == [r["text"] for r in rows[:123]]
 
 
+@pytest.mark.slow
 def test_a_quoted_csv_is_really_read_in_parts_cut_at_record_starts(tmp_path, ray_cluster):
     from pipeline.data.engines.ray import load as ray_load
 
@@ -208,6 +217,7 @@ def test_a_quoted_csv_is_really_read_in_parts_cut_at_record_starts(tmp_path, ray
     assert all(data[p.span[0] - 1: p.span[0]] == b"\n" for p in pieces[1:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", [2, 7])
 def test_a_bad_record_late_in_a_quoted_csv_names_its_physical_line(tmp_path, ray_cluster, blocks):
     path = _quoted_csv(tmp_path, extra={180: '"late,\nbad",neg,train,one too many'})
@@ -219,6 +229,7 @@ def test_a_bad_record_late_in_a_quoted_csv_names_its_physical_line(tmp_path, ray
     assert skipped[3] == {"bad_line": 1} and len(skipped[1]) == 199
 
 
+@pytest.mark.slow
 def test_a_quote_the_parity_rule_does_not_model_reads_the_csv_as_one_part(tmp_path, ray_cluster):
     """`x"y` unquoted: pyarrow keeps the quote as a character, the count would take it as opening a
     quoted value: the parts find it (parts.parity_holds) and the file is read as one part."""
@@ -232,6 +243,7 @@ def test_a_quote_the_parity_rule_does_not_model_reads_the_csv_as_one_part(tmp_pa
     assert pieces == [parts.WHOLE]
 
 
+@pytest.mark.slow
 def test_a_quoted_value_longer_than_a_part_joins_the_parts_it_spans(tmp_path, ray_cluster):
     from pipeline.data.engines.ray import load as ray_load
 
@@ -244,6 +256,7 @@ def test_a_quoted_value_longer_than_a_part_joins_the_parts_it_spans(tmp_path, ra
     assert 1 < len(pieces) < 7 and not any(f.quoted for f in facts)  # the cuts inside the value went to its end
 
 
+@pytest.mark.slow
 def test_the_id_shuffle_has_the_engines_blocks_of_partitions_not_one_per_part(tmp_path, ray_cluster, monkeypatch):
     """12 parts on an engine of 3 blocks: 3 key partitions (12 x 3 shuffle outputs, not 12 x 12), and
     the content ids numbered and the repeated ids found across all 12 parts as one read finds them."""

