@@ -50,6 +50,10 @@ class Task:
     # text generated from fixed prompts: (model, tokenizer, cfg, step) -> [{"prompt", "text", ...}], written at each
     # validation (run/samples/, TensorBoard text) and by evaluate.py (samples.jsonl); None: a task that generates none
     samples: Callable[..., list] | None = None
+    # the task's settings checked against the model and its tokenizer before train.py or evaluate.py writes any file:
+    # (model, tokenizer, cfg) -> None, raising ValueError (causal_lm: each prompt fits the model's positions with
+    # lm.sample_tokens); None: nothing to check
+    check_settings: Callable[..., None] | None = None
     # peft.method=lora: peft's task type (SEQ_CLS, CAUSAL_LM), and the model's new layers that train in full and
     # are saved with the adapter ((model) -> module names; a classifier's head); None: the model has none
     peft_task_type: str = ""
@@ -78,6 +82,8 @@ class Task:
     # the most tokens one example of the prepared data holds, what a model's positions must cover: (cfg, data info)
     # -> int; None: tokenize.max_length (causal_lm: its blocks' lm.block_size, recorded in the data info)
     max_tokens: Callable[[Any, dict], int] | None = None
+    # the setting that bounds max_tokens, which an error about it names (causal_lm: lm.block_size)
+    max_tokens_setting: str = "tokenize.max_length"
     # k, the width of `outputs`' (rows, k), which a process with no rows to predict still needs for the gather;
     # 0: a sequence classifier's model.config.num_labels
     output_width: int = 0

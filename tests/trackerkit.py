@@ -5,7 +5,6 @@ that opens trackers in the test's own process."""
 from __future__ import annotations
 
 import json
-import os
 import struct
 import sys
 from contextlib import contextmanager
@@ -14,17 +13,11 @@ from pathlib import Path
 
 @contextmanager
 def in_process():
-    """Trackers opened in this process leave nothing behind for what runs after: MLflow's set_tracking_uri also
-    sets MLFLOW_TRACKING_URI in os.environ (a later run in this process, and every process started after it, would
-    report into this run's store), and W&B starts a service process for this one (ended here)."""
-    before = os.environ.get("MLFLOW_TRACKING_URI")
+    """Trackers opened in this process leave nothing behind for what runs after: W&B starts a service process for
+    this one (ended here). (MLflow's setting of MLFLOW_TRACKING_URI the pipeline puts back itself: trackers._make.)"""
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = before
         if "wandb" in sys.modules:
             sys.modules["wandb"].teardown()
 

@@ -13,13 +13,14 @@ from pipeline.config import Config
 from pipeline.evaluation import model as model_io
 from pipeline.inference import backends, predict
 from pipeline.inference.first_token import compute_first_token_only
-from pipeline.training import card, trackers
+from pipeline.training import card, rundir, trackers
 
 
-def output_dir(cfg: Config, ckpt: Path) -> Path:
+def output_dir(cfg: Config, ckpt: Path, own: bool) -> Path:
     """<run_dir>/eval/<split>-<checkpoint>: 'final'/'best'/'last' as asked, else the checkpoint's folder name;
-    a checkpoint from outside this run gets `other-<name>-<hash of its path>`, never this run's own folder."""
-    if not ckpt.resolve().is_relative_to(cfg.run_dir.resolve()):
+    a checkpoint that is not this run's own (`own`: rundir.belongs, by identity; one set aside by --restart
+    under run_dir is another run's) gets `other-<name>-<hash of its path>`, never this run's own folder."""
+    if not own:
         name = f"other-{ckpt.name}-{artifacts.fingerprint(str(ckpt.resolve()))[:8]}"
     else:
         name = cfg.eval.checkpoint if cfg.eval.checkpoint in ("final", "best", "last") else ckpt.name
@@ -82,7 +83,8 @@ def _check_vocabulary(model: Any, ckpt: Path, cfg: Config, task: Any, prepared: 
 
     model_io.check_same_vocabulary(ckpt, cfg.run_dir, prepared.tokenizer_dir)
     tok = build.load_tokenizer(prepared.tokenizer_dir, cfg.model.from_scratch)
-    build.check_fit(model, tok, dataset, longest_example(prepared, cfg, task), f"checkpoint {ckpt}")
+    build.check_fit(model, tok, dataset, longest_example(prepared, cfg, task), f"checkpoint {ckpt}",
+                    task.max_tokens_setting)
     return tok
 
 
@@ -109,6 +111,8 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
     task.check_model(model, prepared.info, ckpt)
     compute_first_token_only(model)  # a BERT-family classifier's head reads one position of the last layer
     tok = _check_vocabulary(model, ckpt, cfg, task, prepared, dataset)
+    if task.check_settings is not None:
+        task.check_settings(model, tok, cfg)
     accelerator = make_accelerator()  # one gloo group when launched as several CPU processes
     start = time.perf_counter()
     precision, why = backends.resolve(cfg.eval, accelerator.device.type)
@@ -127,7 +131,8 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
         print(f"warning: {ckpt} was trained on other prepared data (fingerprint {trained_on}) than this config's "
               f"({prepared.fingerprint}); split '{cfg.eval.split}' may overlap what it was trained on", file=sys.stderr)
     scored = task.evaluate(logits, dataset, prepared.info)  # the task's part of metrics.json
-    out = output_dir(cfg, ckpt)
+    own = rundir.belongs(cfg.run_dir, ckpt)
+    out = output_dir(cfg, ckpt, own)
     metrics = {
         "split": cfg.eval.split, "checkpoint": cfg.eval.checkpoint, "checkpoint_path": str(ckpt),
         "step": model_io.checkpoint_step(ckpt), **scored,
@@ -146,8 +151,12 @@ def evaluate_checkpoint(cfg: Config, config_path: str = "<config>", progress: bo
         task.write_report(tmp, metrics, logits, dataset, cfg.eval)
         if samples:
             artifacts.write_jsonl_atomic(tmp / "samples.jsonl", samples)
-    trackers.log_evaluation(cfg, cfg.run_dir, metrics, metrics["step"])  # into the training run's tracker runs
-    if cfg.eval.checkpoint == "final" and ckpt.resolve() == (cfg.run_dir / "final").resolve():
-        card.write(cfg)  # final/README.md gains this split's figures
+    if own:  # into the training run's tracker runs, and final/README.md gains this split's figures
+        trackers.log_evaluation(cfg, cfg.run_dir, metrics, metrics["step"])
+        if ckpt.resolve() == (cfg.run_dir / "final").resolve():
+            card.write(cfg)
+    else:  # what this run did not produce stays out of its trackers and its card
+        print(f"{ckpt} is not this run's model: its scores are in {out}, not in {cfg.run_dir}'s trackers or model "
+              f"card", file=sys.stderr)
     accelerator.end_training()
     return metrics

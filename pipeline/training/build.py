@@ -31,8 +31,9 @@ def load_tokenizer(tokenizer_dir: Path, from_scratch: str):
     return tok
 
 
-def check_fit(model, tok, train_ds, max_length: int, where: str) -> None:
-    """The model must embed every token id and position the data holds; say which to change if not."""
+def check_fit(model, tok, train_ds, max_length: int, where: str, setting: str = "tokenize.max_length") -> None:
+    """The model must embed every token id and position the data holds; say which to change if not (`setting`:
+    the one that bounds an example's tokens, Task.max_tokens_setting)."""
     import pyarrow.compute as pc
 
     conf = model.config
@@ -51,8 +52,8 @@ def check_fit(model, tok, train_ds, max_length: int, where: str) -> None:
     longest = pc.max(table.column("length")).as_py() or 0
     if positions and max(longest, max_length) > positions:
         raise ValueError(
-            f"{where}: tokenize.max_length={max_length} (longest text {longest} tokens) exceeds the model's "
-            f"{positions} positions; lower tokenize.max_length to {positions} or less and rerun prepare"
+            f"{where}: {setting}={max_length} (longest example {longest} tokens) exceeds the model's "
+            f"{positions} positions; lower {setting} to {positions} or less and rerun prepare"
         )
 
 

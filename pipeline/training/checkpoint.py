@@ -46,9 +46,11 @@ def rng_file(rank: int) -> str:
     return f"rng_state_{rank}.json"
 
 
-def save_checkpoint(acc, root: Path, name: str, model, optimizer, scheduler, state: dict) -> Path:
+def save_checkpoint(acc, root: Path, name: str, model, optimizer, scheduler, state: dict,
+                    run_id: str | None = None) -> Path:
     """Every process calls this at the same step; returns the complete checkpoint's path. `model` and
-    `optimizer` are the prepared ones: save_state saves what accelerate prepared."""
+    `optimizer` are the prepared ones: save_state saves what accelerate prepared. `run_id`: the run that makes
+    it (the main process's), recorded in its manifest (rundir.belongs)."""
     final, tmp = root / name, root / f".{name}.tmp"
     acc.wait_for_everyone()
     if acc.is_main_process:
@@ -73,7 +75,7 @@ def save_checkpoint(acc, root: Path, name: str, model, optimizer, scheduler, sta
         artifacts.fsync_tree(tmp)
     acc.wait_for_everyone()
     if acc.is_main_process:
-        finalize(tmp, final)  # fsyncs every file, then the manifest of every rank's files
+        finalize(tmp, final, run_id)  # fsyncs every file, then the manifest of every rank's files
     acc.wait_for_everyone()
     return final
 
@@ -88,14 +90,15 @@ def checkpoint_bytes(root: Path, model) -> int:
     return 3 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-def write_manifest(folder: Path, kind: str) -> None:
-    """manifest.json, written last: each file's size and sha256 read back from disk (artifacts)."""
-    artifacts.write_files_manifest(folder, kind=kind)
+def write_manifest(folder: Path, kind: str, run_id: str | None = None) -> None:
+    """manifest.json, written last: each file's size and sha256 read back from disk (artifacts), and the id of
+    the run that wrote the folder."""
+    artifacts.write_files_manifest(folder, kind=kind, **({"run_id": run_id} if run_id else {}))
 
 
-def finalize(tmp: Path, final: Path) -> None:
+def finalize(tmp: Path, final: Path, run_id: str | None = None) -> None:
     """Flush every file, write the manifest (hashes read back from disk) last, rename into place."""
-    write_manifest(tmp, kind="checkpoint")
+    write_manifest(tmp, kind="checkpoint", run_id=run_id)
     artifacts.fsync_tree(tmp)
     old = None
     if final.exists():  # a corrupt checkpoint of the same name, passed over by resume

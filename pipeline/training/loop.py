@@ -283,7 +283,7 @@ def _write_samples(s: Setup, step: int, samples: list[dict]) -> None:
 def _save(s: Setup, st: TrainState) -> None:
     """A checkpoint of this step (its state.json: st.to_json()), then rotation."""
     name = f"step-{st.step:07d}"
-    checkpoint.save_checkpoint(s.acc, s.ckpt_root, name, s.model, s.optimizer, s.scheduler, st.to_json())
+    checkpoint.save_checkpoint(s.acc, s.ckpt_root, name, s.model, s.optimizer, s.scheduler, st.to_json(), s.run_id)
     if s.acc.is_main_process:
         checkpoint.rotate(s.ckpt_root, s.cfg.train.keep_last, s.cfg.train.keep_best)
     trackers.flush(s.acc)

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from pipeline import artifacts
@@ -28,8 +29,24 @@ def holds_run(run_dir: Path) -> bool:
     return any((run_dir / f).exists() for f in RUN_FILES) or (run_dir / "checkpoints").is_dir()
 
 
-def check_run_dir(run_dir: Path, resume: str | None, config_path: str) -> None:
-    """Before any work: an output directory holding another run is refused unless resuming."""
+def stepped(run_dir: Path) -> bool:
+    """Whether the run in `run_dir` got as far as a training step: a checkpoint (even one cut short), a final export,
+    or a record in metrics.jsonl. A launch that failed before that left only its launch record (config.yaml,
+    run_info.json, model_config/, the trackers' new runs): nothing anyone would resume."""
+    ckpts = run_dir / "checkpoints"
+    return (ckpts.is_dir() and any(ckpts.iterdir())) or (run_dir / "final").exists() \
+        or bool(read_records(run_dir / "metrics.jsonl"))
+
+
+def check_run_dir(run_dir: Path, resume: str | None, config_path: str, main: bool = True) -> None:
+    """Before any work: an output directory holding another run is refused unless resuming. One whose every launch
+    failed before its first step is set aside (the main process moves it, run_dir/set_aside/<time>/) and this
+    launch starts the run: a plain rerun after such a failure is never refused."""
+    if resume is None and holds_run(run_dir) and not stepped(run_dir):
+        if main:
+            dest = set_aside(run_dir)
+            print(f"{run_dir} held a launch that stopped before its first step; moved it to {dest}", flush=True)
+        return
     if resume is None and holds_run(run_dir):
         have = [p.name for p, _ in checkpoint.complete_checkpoints(run_dir / "checkpoints")]
         raise FileExistsError(
@@ -70,16 +87,51 @@ def set_aside(run_dir: Path) -> Path | None:
     return dest
 
 
-def record_launch(cfg: Config, run_dir: Path, info: dict) -> None:
-    """config.yaml and run_info.json (one entry per launch: a resume appends)."""
+def record_launch(cfg: Config, run_dir: Path, info: dict) -> str:
+    """config.yaml and run_info.json (one entry per launch: a resume appends). Returns the run's id: made at its
+    first launch (or the first since runs had ids), kept by every resume, new after --restart (set_aside moves
+    run_info.json away)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     path = run_dir / "run_info.json"
-    launches = artifacts.read_json(path).get("launches", []) if path.is_file() else []
+    old = artifacts.read_json(path) if path.is_file() else {}
+    launches = old.get("launches", [])
     launches.append({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv, **info})
+    rid = old.get("run_id") if isinstance(old.get("run_id"), str) else uuid.uuid4().hex
     artifacts.write_json_atomic(path, {
-        "versions": artifacts.library_versions(), "git_commit": artifacts.git_commit(), "launches": launches,
+        "run_id": rid, "versions": artifacts.library_versions(), "git_commit": artifacts.git_commit(),
+        "launches": launches,
     })
+    return rid
+
+
+def run_id(run_dir: Path) -> str | None:
+    """The id run_info.json gives the run in `run_dir`; None for none (or a run from before runs had ids)."""
+    try:
+        value = artifacts.read_json(run_dir / "run_info.json").get("run_id")
+    except (FileNotFoundError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def made_by(folder: Path) -> str | None:
+    """The id of the run that wrote a checkpoint or final export (its manifest.json); None where it says none."""
+    try:
+        value = artifacts.read_json(checkpoint.export_of(folder) / artifacts.MANIFEST).get("run_id")
+    except (FileNotFoundError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def belongs(run_dir: Path, folder: Path) -> bool:
+    """Whether a checkpoint or final export is the run in `run_dir`'s own, by identity: the run id its manifest
+    records against run_info.json's. Where name, place or a copy would mislead (a model set aside by --restart
+    under run_dir/set_aside/, another run's checkpoint copied into checkpoints/), the ids differ. Only a folder
+    or run written before runs had ids is judged by the run folder its layout puts it in (checkpoint.run_of)."""
+    mine, theirs = run_id(run_dir), made_by(folder)
+    if mine is not None and theirs is not None:
+        return mine == theirs
+    return checkpoint.run_of(Path(folder).resolve()) == Path(run_dir).resolve()
 
 
 def first_budget(run_dir: Path) -> dict | None:
@@ -156,12 +208,13 @@ def export_model_config(model, tok, out: Path) -> None:
 
 
 def export_final(model, tok, out: Path, state: dict | None = None, weights: dict | None = None,
-                 merge: bool = True) -> None:
+                 merge: bool = True, run_id: str | None = None) -> None:
     """save_pretrained (safetensors) + tokenizer: loadable by transformers.pipeline() with the task's pipeline tag.
 
     `state` (step, epoch, data fingerprints) goes to state.json, so evaluation can say what it scored.
     `weights`: the full state dict (accelerator.get_state_dict) where the model's own is sharded (FSDP, ZeRO-3).
-    An adapted model (peft): adapter/ and, with `merge`, the merged weights (lora.write_final)."""
+    An adapted model (peft): adapter/ and, with `merge`, the merged weights (lora.write_final).
+    `run_id`: the run that made it, in its manifest (belongs)."""
     try:
         with artifacts.atomic_dir(out, replace=True) as tmp:  # a failed export leaves the earlier final/ as it was
             if lora.is_adapted(model):
@@ -171,7 +224,7 @@ def export_final(model, tok, out: Path, state: dict | None = None, weights: dict
             tok.save_pretrained(str(tmp))
             if state is not None:
                 artifacts.write_json_atomic(tmp / "state.json", state)
-            checkpoint.write_manifest(tmp, kind="final")  # evaluation verifies what it loads against it
+            checkpoint.write_manifest(tmp, kind="final", run_id=run_id)  # evaluation verifies what it loads against it
     except artifacts.write_errors() as e:  # a full disk, however the library words it
         needed = sum(p.numel() * p.element_size() for p in model.parameters())
         full = artifacts.no_space_error(out.parent, needed, f"the final export {out.name}/", e)

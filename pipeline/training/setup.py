@@ -52,6 +52,7 @@ class Setup:
     config_path: str
     budget: dict | None = None  # train.max_minutes: what was measured and decided (budget.py)
     base: dict | None = None  # peft.method=lora: the base model adapted (lora.base_identity)
+    run_id: str | None = None  # the main process's: run_info.json's, written into each checkpoint's manifest
 
     @property
     def ckpt_root(self) -> Path:
@@ -116,11 +117,20 @@ def _resolve_resume(run_dir: Path, resume: str | None, config_path: str) -> tupl
     if resume != "auto":
         return _checked_resume_path(Path(resume), run_dir), []
     path, warnings = checkpoint.find_resume(root)
+    if path is not None and not rundir.belongs(run_dir, path):
+        raise FileExistsError(f"--resume auto: the newest checkpoint {path} was made by another run ({_whose(path)}) "
+                              f"than the one in {run_dir} (run {rundir.run_id(run_dir)}); move it out of {root}, or "
+                              f"continue that run in its own output_dir")
     notes = [partial(checkpoint.warn, w) for w in warnings]
     if path is None:
         rundir.check_fresh_start(run_dir, config_path)
         notes.append(partial(print, f"--resume auto: no complete checkpoint in {root}; starting fresh", flush=True))
     return path, notes
+
+
+def _whose(path: Path) -> str:
+    made = rundir.made_by(path)
+    return f"run {made}" if made else str(checkpoint.run_of(path.resolve()))
 
 
 def _checked_resume_path(path: Path, run_dir: Path) -> Path:
@@ -135,8 +145,8 @@ def _checked_resume_path(path: Path, run_dir: Path) -> Path:
     reason = checkpoint.verify(path, deep=True)
     if reason:
         raise ValueError(f"--resume {path}: {reason}")
-    if not path.resolve().is_relative_to(root.resolve()) and rundir.holds_run(run_dir):
-        raise FileExistsError(f"--resume {path}: that checkpoint is another run's ({checkpoint.run_of(path.resolve())}); "
+    if not rundir.belongs(run_dir, path) and rundir.holds_run(run_dir):
+        raise FileExistsError(f"--resume {path}: that checkpoint is another run's ({_whose(path)}); "
                               f"resuming it here would replace this run's files in {run_dir}; set output_dir to a new "
                               f"folder to continue it there, or move this run's files away first")
     return path
@@ -169,7 +179,7 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None,
     started = time.perf_counter()  # train.max_minutes counts from here
     trackers.check_installed(cfg.train.report_to)
     if not restart:
-        rundir.check_run_dir(cfg.run_dir, resume, config_path)
+        rundir.check_run_dir(cfg.run_dir, resume, config_path, main=os.environ.get("RANK", "0") == "0")
     ckpt, notes = (None, []) if restart else _resolve_resume(cfg.run_dir, resume, config_path)
     saved = TrainState.read(ckpt / checkpoint.STATE) if ckpt else None
     # before the accelerator is built: its precision is fixed then, and a resumed auto run keeps its first choice
@@ -253,7 +263,9 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, precision: build.Preci
     from pipeline.data.prepared import longest_example
 
     build.check_fit(model, tok, train_ds, longest_example(prep, cfg, task),
-                    f"model {cfg.model.name_or_path or cfg.model.from_scratch}")
+                    f"model {cfg.model.name_or_path or cfg.model.from_scratch}", task.max_tokens_setting)
+    if task.check_settings is not None:
+        task.check_settings(model, tok, cfg)
     if t.gradient_checkpointing:  # non-reentrant: works under DDP (no "marked ready twice"), and with LoRA's
         # frozen embeddings (the reentrant variant needs inputs that require grad: peft's enable_input_require_grads)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -358,14 +370,15 @@ def export_final(s: Setup, state: dict | None, weights: dict, settings: dict | N
         weights = None
     for key, value in (settings or {}).items():
         setattr(model.config, key, value)
-    rundir.export_final(model, s.tok, s.run_dir / "final", state, weights, merge=s.cfg.peft.merge_final)
+    rundir.export_final(model, s.tok, s.run_dir / "final", state, weights, merge=s.cfg.peft.merge_final,
+                        run_id=s.run_id or rundir.run_id(s.run_dir))
     card.write(s.cfg)  # final/README.md, which evaluate.py rewrites with its figures
 
 
 def _announce(s: Setup, st: TrainState, ckpt: Path | None) -> None:
     acc, model = s.acc, s.acc.unwrap_model(s.model)
     if acc.is_main_process:
-        rundir.record_launch(s.cfg, s.run_dir, {
+        s.run_id = rundir.record_launch(s.cfg, s.run_dir, {
             "num_processes": acc.num_processes, "mixed_precision": s.precision.run,
             "mixed_precision_chosen_by": s.precision.why, "eval_precision": s.eval_precision[0],
             "eval_precision_chosen_by": s.eval_precision[1], "attention": backends.attention_of(model),

@@ -27,6 +27,9 @@ TRACKERS = {"tensorboard": ("tensorboard", ""), "mlflow": ("mlflow", "mlflow"), 
             "aim": ("aim", "aim")}
 IDS = "trackers.json"
 MLFLOW_DB = "mlflow.db"
+# where each tracker keeps its runs in the run folder, and whether that is a folder (True) or a file
+STORES = {"tensorboard": ("tensorboard", True), "mlflow": (MLFLOW_DB, False), "wandb": ("wandb", True),
+          "aim": (".aim", True)}
 
 
 def check_installed(report_to: list) -> None:
@@ -76,7 +79,14 @@ def _make(name: str, cfg, run_dir: Path, run_id: str | None):
     if name == "mlflow":
         import mlflow
 
+        before = os.environ.get("MLFLOW_TRACKING_URI")
         mlflow.set_tracking_uri(mlflow_uri(run_dir))
+        # mlflow also exports the URI to os.environ (for its subprocesses): put it back, or the next run in this
+        # process (evaluate after train, a sweep's trials, a test) would report into this run's database
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
         return at.MLflowTracker(project, str((run_dir / "mlflow-artifacts").resolve()), run_id=run_id,
                                 run_name=run_name(cfg))
     if name == "wandb":
@@ -111,6 +121,7 @@ def open_trackers(cfg, run_dir: Path, fresh: bool) -> list:
     config = params(cfg) if fresh else None
     started = []
     for name in cfg.train.report_to:
+        _check_store(name, run_dir)
         try:
             tracker = _make(name, cfg, run_dir, ids.get(name))
             tracker.start()
@@ -119,13 +130,38 @@ def open_trackers(cfg, run_dir: Path, fresh: bool) -> list:
         except Exception as e:  # noqa: BLE001 - no login, a server that does not answer: one line, not a traceback
             for t in started:
                 t.finish()
-            raise ValueError(f"train.report_to: {name} could not start: {type(e).__name__}: "
-                             f"{' '.join(str(e).split())[:300]} (drop it from train.report_to, or fix its setup)") from None
+            raise ValueError(f"train.report_to: {name} could not start: {_reason(e)} (drop it from "
+                             f"train.report_to, or fix its setup)") from None
         started.append(tracker)
     kept = {t.name: run_id for t in started if (run_id := _run_id(t))}
     if kept != {k: ids.get(k) for k in kept}:
         artifacts.write_json_atomic(run_dir / IDS, {**ids, **kept})
     return started
+
+
+def _check_store(name: str, run_dir: Path) -> None:
+    """Before a tracker starts: its store in the run folder, where one exists, is the kind it can open (Aim read a
+    file named .aim as a repository and failed with an empty RuntimeError)."""
+    if name == "mlflow" and os.environ.get("MLFLOW_TRACKING_URI"):
+        return  # a server or a shared database, not the run folder's file
+    rel, folder = STORES[name]
+    path = run_dir / rel
+    if path.exists() and path.is_dir() != folder:
+        have, want = ("a folder", "a file") if path.is_dir() else ("a file", "a folder")
+        raise ValueError(f"train.report_to: {name} keeps its runs in {path}, which is {have}, not {want}; move it "
+                         f"away (or drop {name} from train.report_to)")
+
+
+def _reason(e: BaseException) -> str:
+    """An exception in one line: its type and message, or where it has none, the first one behind it that has."""
+    chain, seen = e, []
+    while chain is not None and chain not in seen:
+        seen.append(chain)
+        text = " ".join(str(chain).split())
+        if text:
+            return f"{type(e).__name__}: {text[:300]}" if chain is e else f"{type(e).__name__} ({type(chain).__name__}: {text[:300]})"
+        chain = chain.__cause__ or (None if chain.__suppress_context__ else chain.__context__)
+    return f"{type(e).__name__} (no message)"
 
 
 def start(acc, cfg, run_dir: Path, fresh: bool) -> None:

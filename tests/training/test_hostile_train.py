@@ -16,7 +16,7 @@ import pytest
 
 from pipeline import cli
 from pipeline.checks import load_config
-from pipeline.training import checkpoint, signals
+from pipeline.training import checkpoint, rundir, signals
 from pipeline.training.loop import train
 from tests.accelkit import reset
 from tests.training.trainkit import (
@@ -215,7 +215,8 @@ def _foreign(config: Path, tmp: Path):
     assert _train(b_config) == signals.EXIT_OK
     a, b = run_dir(config), run_dir(b_config)
     foreign = a / "checkpoints" / "step-0000010"
-    want = (f"error: --resume {foreign}: that checkpoint is another run's ({a}); resuming it here would replace this "
+    want = (f"error: --resume {foreign}: that checkpoint is another run's (run {rundir.run_id(a)}); resuming it here "
+            f"would replace this "
             f"run's files in {b}; set output_dir to a new folder to continue it there, or move this run's files away "
             f"first")
     return b_config, ("--resume", str(foreign)), want
@@ -287,6 +288,73 @@ def test_another_runs_checkpoint_is_scored_in_a_folder_of_its_own_and_another_vo
     assert "\n" not in line and line.startswith(
         f"error: checkpoint {c_final} was trained with another vocabulary than the prepared data's ("), line
     assert sorted(p.name for p in (a / "eval").iterdir()) == folders
+
+
+# ---------------------------------------------------------------- issue 43: a run is known by its id, not its place
+
+
+def test_a_model_set_aside_or_copied_in_is_another_runs_by_its_id_wherever_it_sits(finished, tmp_path, monkeypatch):
+    """`--restart` moves the old run to run/set_aside/<time>/: its final/ and checkpoints are under this run's
+    folder and named like this run's, yet they are another run's. Evaluating the set-aside final/ overwrote
+    eval/test-final/metrics.json with the old model's scores; a checkpoint of another run copied into
+    checkpoints/ was resumed by --resume auto as this run's."""
+    config = _copy(finished, tmp_path / "a")
+    run = run_dir(config)
+    old_id = rundir.run_id(run)
+    assert old_id and rundir.made_by(run / "final") == old_id == rundir.made_by(run / "checkpoints" / "step-0000010")
+    assert _train(config, "train.max_steps=3", "train.save_every=3", restart=True) == signals.EXIT_OK
+    (aside,) = (run / "set_aside").iterdir()
+    new_id = rundir.run_id(run)
+    assert new_id not in (None, old_id) and rundir.made_by(run / "final") == new_id
+    assert rundir.belongs(run, run / "final") and rundir.belongs(run, run / "checkpoints" / "step-0000003")
+    assert not rundir.belongs(run, aside / "final") and not rundir.belongs(run, aside / "checkpoints" / "step-0000010")
+
+    from pipeline.training import trackers
+
+    reported = []  # what reaches this run's trackers (MLflow's history, read back: test_trackers.py's slow test)
+    monkeypatch.setattr(trackers, "log_evaluation", lambda cfg, run_dir, metrics, step: reported.append(step))
+    assert _evaluate_here(config, "--split", "test") == 0
+    own = (run / "eval" / "test-final" / "metrics.json").read_bytes()
+    assert json.loads(own)["step"] == 3 and reported == [3]
+    for old in (aside / "final", aside / "checkpoints" / "step-0000010"):
+        assert _evaluate_here(config, "--split", "test", "--checkpoint", str(old)) == 0
+    assert reported == [3]  # the old run's models scored, not reported as this run's
+    folders = sorted(p.name for p in (run / "eval").iterdir())
+    assert folders[0] == "test-final" and len(folders) == 3, folders
+    assert all(f.startswith(("test-other-final-", "test-other-step-0000010-")) for f in folders[1:]), folders
+    assert (run / "eval" / "test-final" / "metrics.json").read_bytes() == own  # this run's report untouched
+    assert json.loads((run / "eval" / folders[1] / "metrics.json").read_text())["step"] in (10, 20)
+
+    # the old run's checkpoint, set aside or copied into this run's checkpoints/, is never resumed as this run's
+    line = _train_refusal(config, "--resume", str(aside / "checkpoints" / "step-0000010"))
+    assert line.startswith(f"error: --resume {aside / 'checkpoints' / 'step-0000010'}: that checkpoint is another "
+                           f"run's (run {old_id}); "), line
+    shutil.copytree(aside / "checkpoints" / "step-0000010", run / "checkpoints" / "step-0000010")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    line = _train_refusal(config, "--resume", "auto", "train.max_steps=20")
+    assert line == (f"error: --resume auto: the newest checkpoint {run / 'checkpoints' / 'step-0000010'} was made by "
+                    f"another run (run {old_id}) than the one in {run} (run {new_id}); move it out of "
+                    f"{run / 'checkpoints'}, or continue that run in its own output_dir"), line
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_a_run_from_before_runs_had_ids_is_judged_by_where_its_layout_puts_it(finished, tmp_path):
+    """Checkpoints and run folders written before run ids (no run_id in run_info.json or the manifests) stay
+    usable: their own run's by the folder they belong to, a set-aside one another run's."""
+    config = _copy(finished, tmp_path / "a")
+    run = run_dir(config)
+    for manifest in [run / "final" / "manifest.json", *run.glob("checkpoints/*/manifest.json")]:
+        tree = json.loads(manifest.read_text())
+        del tree["run_id"]
+        manifest.write_text(json.dumps(tree))
+    info = json.loads((run / "run_info.json").read_text())
+    del info["run_id"]
+    (run / "run_info.json").write_text(json.dumps(info))
+    assert rundir.run_id(run) is None and rundir.made_by(run / "final") is None
+    assert rundir.belongs(run, run / "final") and rundir.belongs(run, run / "checkpoints" / "step-0000010")
+    aside = rundir.set_aside(run)
+    assert not rundir.belongs(run, aside / "final")
+    assert rundir.belongs(aside, aside / "final")
 
 
 # ---------------------------------------------------------------- issue 23: a full disk while saving a checkpoint

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from dataclasses import replace
 
 import pytest
 
@@ -16,7 +18,7 @@ from pipeline.checks import load_config
 from pipeline.config import ConfigError
 from pipeline.training import trackers
 from tests.training.multikit import train_here, wait_for_step
-from tests.training.trainkit import build_prepared, fork_launch, log_text, run_dir
+from tests.training.trainkit import build_prepared, clone_prepared, fork_launch, log_text, run_dir
 
 ALL = ["tensorboard", "mlflow", "wandb", "aim"]
 FAST = ["tensorboard", "aim"]  # the fast tier's run: the two that start in a moment (MLflow's new store and W&B's
@@ -130,3 +132,73 @@ def test_a_tracker_that_cannot_start_is_one_line_and_leaves_no_lock(tmp_path, mo
     with pytest.raises(ValueError, match=r"^train.report_to: mlflow could not start: \w+: .*\(drop it from "):
         trackers.open_trackers(cfg, cfg.run_dir, fresh=True)
     assert (cfg.run_dir / ".aim" / "locks").is_dir() and list((cfg.run_dir / ".aim" / "locks").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_only_this_runs_models_report_into_its_trackers_and_a_run_leaves_no_tracker_setting_behind(tmp_path):
+    """Evaluating another run's checkpoint (`--checkpoint <other run>/run/final`) put its scores into this run's
+    MLflow history at the other model's step (`test/document/accuracy` [(30, 0.443), (10, 0.373)]); and a run that
+    reported to MLflow left MLFLOW_TRACKING_URI set in os.environ, so the next run in the same process (evaluate
+    after train, a sweep's trials) and every process it started reported into the first run's database."""
+    from pipeline.evaluate import main as evaluate_main
+    from tests.accelkit import reset
+
+    def evaluate(*args: str) -> int:
+        reset()
+        try:
+            return evaluate_main(["--config", str(a), "--quiet", "--split", "test", *args])
+        finally:
+            reset()
+
+    (tmp_path / "a").mkdir()
+    a = build_prepared(tmp_path / "a", n_train=32, n_val=8, train={"max_steps": 2, "save_every": 0,
+                                                                   "report_to": ["tensorboard", "mlflow"]})
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    assert train_here(a) == 0, log_text(a)[-3000:]
+    assert os.environ.get("MLFLOW_TRACKING_URI") == before  # nothing of run a's store left for what runs next
+    assert evaluate() == 0
+    run = run_dir(a)
+    mlflow_id = json.loads((run / trackers.IDS).read_text())["mlflow"]
+    scalars, _, runs = tk.mlflow_scalars(run, mlflow_id)
+    tested = {k: v for k, v in scalars.items() if k.startswith("test/")}
+    assert runs == 1 and tested and all(by_step.keys() == {2} for by_step in tested.values()), tested
+    b = clone_prepared(a, tmp_path / "b")  # the same data, another run, 3 steps
+    assert train_here(b, "train.max_steps=3", "train.report_to=[]") == 0, log_text(b)[-3000:]
+    assert evaluate("--checkpoint", str(run_dir(b) / "final")) == 0
+    (other,) = [p for p in (run / "eval").iterdir() if p.name.startswith("test-other-final-")]
+    assert json.loads((other / "metrics.json").read_text())["step"] == 3  # scored, in a folder of its own
+    scalars, _, runs = tk.mlflow_scalars(run, mlflow_id)
+    assert runs == 1 and {k: v for k, v in scalars.items() if k.startswith("test/")} == tested  # and nothing else
+    assert os.environ.get("MLFLOW_TRACKING_URI") == before
+
+
+def test_a_tracker_store_of_the_wrong_kind_is_one_line_naming_it_before_the_tracker_starts(tmp_path):
+    """run/.aim as a file was "train.report_to: aim could not start: RuntimeError: " with no reason."""
+    cfg = load_config(build_prepared(tmp_path), ["train.report_to=tensorboard,aim,mlflow"])
+    cfg.run_dir.mkdir(parents=True)
+    (cfg.run_dir / ".aim").write_text("not a repository")
+    with pytest.raises(ValueError) as e:
+        trackers.open_trackers(cfg, cfg.run_dir, fresh=True)
+    assert str(e.value) == (f"train.report_to: aim keeps its runs in {cfg.run_dir / '.aim'}, which is a file, not a "
+                            f"folder; move it away (or drop aim from train.report_to)")
+    (cfg.run_dir / ".aim").unlink()
+    (cfg.run_dir / "mlflow.db").mkdir()
+    with pytest.raises(ValueError, match=r"^train.report_to: mlflow keeps its runs in .*mlflow.db, which is a folder, "):
+        trackers.open_trackers(replace(cfg, train=replace(cfg.train, report_to=["mlflow"])), cfg.run_dir, fresh=True)
+
+
+def test_an_exception_without_a_message_is_named_by_what_is_behind_it():
+    try:
+        try:
+            raise OSError(30, "Read-only file system")
+        except OSError:
+            raise RuntimeError from None
+    except RuntimeError as e:
+        assert trackers._reason(e) == "RuntimeError (no message)"
+    try:
+        try:
+            raise OSError(30, "Read-only file system")
+        except OSError:
+            raise RuntimeError  # noqa: B904 - the context is what the test reads
+    except RuntimeError as e:
+        assert trackers._reason(e) == "RuntimeError (OSError: [Errno 30] Read-only file system)"

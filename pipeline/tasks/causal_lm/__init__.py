@@ -80,6 +80,7 @@ TASK = Task(
     outputs=collate.row_losses,
     loss_tokens=collate.loss_tokens,
     samples=sample.samples,
+    check_settings=sample.check,
     peft_task_type="CAUSAL_LM",
     pipeline_tag="text-generation",
     model_kind="causal language model",
@@ -87,5 +88,6 @@ TASK = Task(
     card_metrics=card_metrics,
     sections=("lm",),
     max_tokens=max_tokens,
+    max_tokens_setting="lm.block_size",
     output_width=2,  # row_losses: summed loss and target count
 )

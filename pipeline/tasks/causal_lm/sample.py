@@ -39,6 +39,36 @@ def generate(model: Any, tok: Any, cfg: Any, step: int, encode: Callable, answer
     return out
 
 
+def check_prompts(model: Any, tok: Any, cfg: Any, encode: Callable) -> None:
+    """Before any file is written (train.py and evaluate.py): each of lm.prompts encodes to at least one token, and
+    with lm.sample_tokens new ones fits the model's positions. Otherwise the first sample, at step 0, failed deep in
+    generate() with an IndexError, after the run folder was made."""
+    lm = cfg.lm
+    if not lm.prompts or lm.sample_tokens == 0:
+        return
+    conf = model.config
+    positions = getattr(conf, "max_position_embeddings", None) or getattr(conf, "n_positions", None)
+    for k, prompt in enumerate(lm.prompts):
+        n = int(encode(tok, prompt)["input_ids"].shape[1])
+        if n == 0:
+            raise ValueError(f"lm.prompts[{k}] is {prompt!r}, which encodes to no token: a sample continues its prompt; "
+                             f"give it some text, or set lm.prompts=[] to sample nothing")
+        if positions and n >= positions:
+            raise ValueError(f"lm.prompts[{k}] is {n} tokens, and the model has {positions} positions: shorten it")
+        if positions and n + lm.sample_tokens > positions:
+            raise ValueError(f"lm.prompts[{k}] ({n} tokens) and lm.sample_tokens={lm.sample_tokens} need {n + lm.sample_tokens} "
+                             f"positions, and the model has {positions}: set lm.sample_tokens to {positions - n} or less, "
+                             f"or shorten the prompt")
+
+
+def _plain(tok: Any, prompt: str) -> Any:
+    return tok(prompt, return_tensors="pt")
+
+
 def samples(model: Any, tok: Any, cfg: Any, step: int) -> list[dict]:
     """Each prompt continued as plain text (the prompt and its continuation)."""
-    return generate(model, tok, cfg, step, lambda t, prompt: t(prompt, return_tensors="pt"), answer_only=False)
+    return generate(model, tok, cfg, step, _plain, answer_only=False)
+
+
+def check(model: Any, tok: Any, cfg: Any) -> None:
+    check_prompts(model, tok, cfg, _plain)

@@ -42,4 +42,5 @@ TASK = dataclasses.replace(
     validate=validate,
     columns=(*causal_lm.TASK.columns, "loss_mask"),
     samples=sample.samples,
+    check_settings=sample.check,
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.tasks.causal_lm.sample import generate
+from pipeline.tasks.causal_lm.sample import check_prompts, generate
 
 
 def _ask(tok: Any, question: str) -> Any:
@@ -17,3 +17,7 @@ def _ask(tok: Any, question: str) -> Any:
 def samples(model: Any, tok: Any, cfg: Any, step: int) -> list[dict]:
     """[{"step", "prompt", "text"}]: the text is the answer alone, up to the end-of-turn token."""
     return generate(model, tok, cfg, step, _ask, answer_only=True)
+
+
+def check(model: Any, tok: Any, cfg: Any) -> None:
+    check_prompts(model, tok, cfg, _ask)

@@ -19,6 +19,7 @@ from pipeline.checks import load_config
 from pipeline.data import runner
 from pipeline.training import signals
 from pipeline.training.loop import train
+from tests.accelkit import reset
 
 WORDS = [f"w{i}" for i in range(40)]
 
@@ -225,3 +226,70 @@ def test_a_warm_start_from_another_models_checkpoint_is_one_line(lm_config, tmp_
                                          r"shape \(144,\), this model's \(96,\); start from a checkpoint of the same "
                                          r"model and vocabulary$"):
         _train(lm_config, tmp_path / "narrow", f"train.init_from={tmp_path / 'wide' / 'run' / 'final'}", max_steps=1)
+
+
+def test_prompts_that_cannot_be_sampled_are_one_line_before_any_file_and_a_failed_launch_never_blocks_a_rerun(
+        lm_config, tmp_path, monkeypatch):
+    """lm.sample_tokens past the model's positions, lm.prompts=[""] and a prompt longer than the positions were
+    80-90-line IndexErrors at step 0's sample, after the run folder was made; a plain rerun was then refused until
+    --restart. Now each is refused with the run folder untouched, and a launch that fails after its launch record
+    (here a tracker that cannot start) is set aside by the next plain run, which trains."""
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copytree(Path(load_config(lm_config).output_dir) / "data", out / "data", symlinks=True)
+    positions = 16  # the tiny GPT-2's n_positions: lm.block_size
+    cases = [
+        (["lm.sample_tokens=20"], r"^lm.prompts\[0\] \(2 tokens\) and lm.sample_tokens=20 need 22 positions, and the "
+                                  rf"model has {positions}: set lm.sample_tokens to 14 or less, or shorten the prompt$"),
+        (['lm.prompts=["w1", ""]'], r"^lm.prompts\[1\] is '', which encodes to no token: a sample continues its prompt; "
+                                    r"give it some text, or set lm.prompts=\[\] to sample nothing$"),
+        ([f'lm.prompts=["{" ".join(["w1"] * 20)}"]'], rf"^lm.prompts\[0\] is [2-9]\d tokens, and the model has {positions} "
+                                                      r"positions: shorten it$"),
+    ]
+    for overrides, message in cases:
+        reset()
+        try:
+            with pytest.raises(ValueError, match=message):
+                train(load_config(lm_config, [f"output_dir={out}", *overrides]), str(lm_config))
+        finally:
+            reset()
+        assert sorted(p.name for p in out.iterdir()) == ["data"], overrides  # no run folder, nothing to clear
+
+    from pipeline.training import trackers
+
+    def cannot_start(*_):  # as a W&B folder that cannot be created fails: after config.yaml and run_info.json
+        raise ValueError("train.report_to: wandb could not start: PermissionError: [Errno 13] Permission denied")
+
+    monkeypatch.setattr(trackers, "open_trackers", cannot_start)
+    reset()
+    try:
+        with pytest.raises(ValueError, match=r"^train.report_to: wandb could not start"):
+            train(load_config(lm_config, [f"output_dir={out}", "train.max_steps=1"]), str(lm_config))
+    finally:
+        reset()
+    monkeypatch.undo()
+    assert (out / "run" / "run_info.json").is_file() and not (out / "run" / "metrics.jsonl").exists()
+    _train(lm_config, out, max_steps=1)  # the plain rerun: trains, the failed launch moved aside, not deleted
+    (aside,) = (out / "run" / "set_aside").iterdir()
+    assert (aside / "run_info.json").is_file() and (out / "run" / "final" / "model.safetensors").is_file()
+
+
+def test_blocks_past_the_models_positions_name_lm_block_size(lm_config, tmp_path):
+    """The message told a causal LM's user to lower tokenize.max_length, which its blocks do not read."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    short = tmp_path / "short-gpt2"
+    GPT2LMHeadModel(GPT2Config(vocab_size=400, n_positions=8, n_embd=16, n_layer=1, n_head=2)).save_pretrained(short)
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copytree(Path(load_config(lm_config).output_dir) / "data", out / "data", symlinks=True)
+    cfg = load_config(lm_config, [f"output_dir={out}", "model.from_scratch=", f"model.name_or_path={short}"])
+    reset()
+    try:
+        with pytest.raises(ValueError, match=rf"^model {short}: lm.block_size=16 \(longest example 16 tokens\) exceeds "
+                                             r"the model's 8 positions; lower lm.block_size to 8 or less and rerun "
+                                             r"prepare$"):
+            train(cfg, str(lm_config))
+    finally:
+        reset()
+    assert sorted(p.name for p in out.iterdir()) == ["data"]
