@@ -11,10 +11,12 @@ final/ fail its check.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from pipeline import artifacts, tasks
+from pipeline.escape import markdown, markdown_code
 from pipeline.training import trackers
 from pipeline.training.rundir import read_records
 
@@ -65,7 +67,7 @@ def render(cfg, run_dir: Path) -> str:
         eval_results=results or None,
     )
     body = "\n".join([
-        f"# {meta.model_name}", "",
+        f"# {markdown(meta.model_name)}", "",
         f"{_describe_model(cfg, base, task)}; trained and evaluated with {TOOL}"
         f"{' at commit ' + info['git_commit'][:12] if info.get('git_commit') else ''}.", "",
         "## Data", "", *_data_lines(cfg, task, data), "",
@@ -114,7 +116,7 @@ def _describe_model(cfg, base: str, task) -> str:
         m = cfg.model
         return f"{what}: a {m.from_scratch} of {m.num_layers} layers and hidden size {m.hidden_size}, from scratch"
     how = f" with LoRA (r {cfg.peft.r}, alpha {cfg.peft.alpha:g})" if cfg.peft.method == "lora" else ""
-    return f"{what} fine-tuned from `{base}`{how}"
+    return f"{what} fine-tuned from {markdown_code(base)}{how}"
 
 
 def _source_name(cfg) -> str:
@@ -143,15 +145,15 @@ def _count(d: dict) -> str:
 
 def _data_lines(cfg, task, data: dict) -> list[str]:
     if data.get("changed"):
-        return [f"The prepared data in `{cfg.data_dir}` has changed since this model was trained; its manifests no "
+        return [f"The prepared data in {markdown_code(cfg.data_dir)} has changed since this model was trained; its manifests no "
                 f"longer describe what the model saw."]
     man = data.get("manifests") or {}
     if not man:
-        return [f"No prepare manifests were found next to `{cfg.data_dir}`."]
+        return [f"No prepare manifests were found next to {markdown_code(cfg.data_dir)}."]
     lines = []
     load = man.get("load", {})
     if load:
-        lines.append(f"- **Source**: {cfg.source.format} `{_source_name(cfg)}`, sha256 "
+        lines.append(f"- **Source**: {cfg.source.format} {markdown_code(_source_name(cfg))}, sha256 "
                      f"`{load.get('input_fingerprint', '?')}`; {load.get('rows_in', 0):,} rows read, "
                      f"{load.get('rows_out', 0):,} kept (dropped: {_count(load.get('dropped', {}))}).")
     clean = man.get("clean", {})
@@ -175,15 +177,15 @@ def _data_lines(cfg, task, data: dict) -> list[str]:
                 if leaks else "")
         cont = st.get("contamination") or {}
         if cont.get("checks"):
-            found = ", ".join(f"{x['split']} against {x['against'].replace('_', ' ')} {x['contaminated']:,}"
+            found = ", ".join(f"{markdown(x['split'])} against {markdown(x['against'].replace('_', ' '))} {x['contaminated']:,}"
                               for x in cont["checks"])
             leak += (f"; documents sharing a {cont['ngram']}-word n-gram (split.contamination `{cont['policy']}`): "
                      f"{found}")
         if st.get("pair_sides"):
-            both = ", ".join(f"{k} {v['both_sides']:,}" for k, v in st["pair_sides"].items())
+            both = ", ".join(f"{markdown(k)} {v['both_sides']:,}" for k, v in st["pair_sides"].items())
             leak += f"; sentence pairs whose two sides both occur in train, reported: {both}"
         kept = "the source's own splits kept" if st.get("source_split_kept") else "split by ratio"
-        sizes = ", ".join(f"{k} {v:,} documents" for k, v in docs.items())
+        sizes = ", ".join(f"{markdown(k)} {v:,} documents" for k, v in docs.items())
         lines.append(f"- **Splits** ({kept}): {sizes}{leak}.")
     lines += task.card_data(man)  # the task's stages after split: labels or targets, tokens
     prepared = data.get("prepared", {})
@@ -211,7 +213,7 @@ def _training_lines(cfg, state: dict, info: dict) -> list[str]:
     if cfg.peft.method == "lora":
         p = cfg.peft
         rows.append(("LoRA", f"r {p.r}, alpha {p.alpha:g}, dropout {p.dropout:g}, targets "
-                             f"{', '.join(p.target_modules) or 'peft default'}"))
+                             f"{markdown(', '.join(p.target_modules)) or 'peft default'}"))
     return ["| setting | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
 
 
@@ -237,15 +239,15 @@ def _evaluation_lines(state: dict, evaluations: dict, figures: dict, run_dir: Pa
     best = state.get("best") or {}
     val = _last_validation(run_dir)
     if val:
-        shown = ", ".join(f"{k} {v:.4f}" for k, v in val["eval"].items() if isinstance(v, float))
+        shown = ", ".join(f"{markdown(k)} {v:.4f}" for k, v in val["eval"].items() if isinstance(v, float))
         lines.append(f"- **Validation** at step {val['step']}: {shown}.")
     if best.get("value") is not None:
-        lines.append(f"- **Best validation {best['metric']}**: {best['value']:.4f} at step {best['step']}.")
+        lines.append(f"- **Best validation {markdown(best['metric'])}**: {best['value']:.4f} at step {best['step']}.")
     for split, m in evaluations.items():
         shown = ", ".join(f"{name} {value:.4f}" for _, name, value in figures[split])
-        lines.append(f"- **{split}** ({m.get('precision', 'fp32')}, {m.get('runtime', 'torch')}): {shown}.")
+        lines.append(f"- **{markdown(split)}** ({m.get('precision', 'fp32')}, {m.get('runtime', 'torch')}): {shown}.")
         if m.get("test_set"):
-            lines.append(f"  Test set: {m['test_set']}.")
+            lines.append(f"  Test set: {markdown(m['test_set'])}.")
     if not evaluations:
         lines.append("- No evaluate.py figures yet: `python pipeline/evaluate.py --split test` adds them here.")
     return lines
@@ -255,9 +257,14 @@ def _use_lines(cfg, task, run_dir: Path, adapter_only: bool) -> list[str]:
     final = run_dir / "final"
     if adapter_only:
         cls = "AutoPeft" + task.model_class().__name__.removeprefix("Auto")  # AutoPeftModelForSequenceClassification
-        return ["```python", f"from peft import {cls}", f'model = {cls}.from_pretrained("{final / "adapter"}")', "```"]
-    return ["```python", "from transformers import pipeline", f'pipe = pipeline("{task.pipeline_tag}", model="{final}")',
+        return ["```python", f"from peft import {cls}", f"model = {cls}.from_pretrained({_py(final / 'adapter')})", "```"]
+    return ["```python", "from transformers import pipeline", f"pipe = pipeline({_py(task.pipeline_tag)}, model={_py(final)})",
             "```"]
+
+
+def _py(value) -> str:
+    """A Python string literal of `value` for the card's snippet, whatever its path holds (quotes, newlines)."""
+    return json.dumps(str(value), ensure_ascii=False)
 
 
 def push(final: Path, repo: str) -> str:

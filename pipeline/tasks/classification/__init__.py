@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pipeline.data.engines.base import Stage
 from pipeline.data.stages import tokenize as tokenize_stage
+from pipeline.escape import markdown
 from pipeline.task import Task
 from pipeline.tasks.classification import collate, evaluate, label, model, report, score
 
@@ -44,7 +45,7 @@ def card_data(manifests: dict) -> list[str]:
     """The model card's lines for the label and tokenize stages: the classes' counts in train, the tokens."""
     stats = manifests.get("label", {}).get("stats")
     counts = (stats or {}).get("class_counts", {}).get("train", {})
-    lines = ["- **Classes in train**: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()) + "."] if stats else []
+    lines = ["- **Classes in train**: " + ", ".join(f"{markdown(k)} {v:,}" for k, v in counts.items()) + "."] if stats else []
     return lines + ([tokenize_stage.card_line(manifests["tokenize"])] if "tokenize" in manifests else [])
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.escape import plot_label
+
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     with open(path, "w", encoding="utf-8") as f:
@@ -69,7 +71,9 @@ def confusion_figure(matrix: list[list[int]], label_names: list[str], title: str
     image = ax.imshow(cm, cmap="Blues")
     fig.colorbar(image, ax=ax)
     ticks = range(len(label_names))
-    ax.set(xticks=ticks, yticks=ticks, xticklabels=label_names, yticklabels=label_names, xlabel="predicted", ylabel="true", title=title)
+    names = [plot_label(n) for n in label_names]  # `$5` is a class, not math
+    ax.set(xticks=ticks, yticks=ticks, xticklabels=names, yticklabels=names, xlabel="predicted", ylabel="true",
+           title=plot_label(title))
     plt.setp(ax.get_xticklabels(), rotation=45, ha="right")
     for (r, c), value in np.ndenumerate(cm):  # dark cells get white text
         ax.text(c, r, str(value), ha="center", va="center", color="white" if value > cm.max() / 2 else "black")

@@ -9,6 +9,7 @@ import dataclasses
 
 from pipeline.data.engines.base import Stage
 from pipeline.data.stages import tokenize as tokenize_stage
+from pipeline.escape import markdown
 from pipeline.tasks import classification
 from pipeline.tasks.multilabel import collate, evaluate, label, model, report, score
 
@@ -57,7 +58,7 @@ def card_data(manifests: dict) -> list[str]:
         counts = stats.get("class_counts", {}).get("train", {})
         none = stats.get("rows_without_labels", {}).get("train", 0)
         lines.append(f"- **Labels in train (documents with each; {none:,} with none)**: "
-                     + ", ".join(f"{k} {v:,}" for k, v in counts.items()) + ".")
+                     + ", ".join(f"{markdown(k)} {v:,}" for k, v in counts.items()) + ".")
     return lines + ([tokenize_stage.card_line(manifests["tokenize"])] if "tokenize" in manifests else [])
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.escape import plot_label
 from pipeline.tasks.classification.report import header_lines
 
 LEVEL_METRICS = (("pearson", "Pearson"), ("spearman", "Spearman"), ("mse", "MSE"), ("rmse", "RMSE"), ("mae", "MAE"))
@@ -36,7 +37,7 @@ def scatter_figure(targets, predictions, scale: list, title: str, level: dict) -
     ax.scatter(t, p, s=8, alpha=min(1.0, max(0.1, 200 / max(len(t), 1))), edgecolors="none")
     ax.plot([low, high], [low, high], color="grey", linewidth=1, linestyle="--", label="y = x")
     ax.set(xlim=(low, high), ylim=(low, high), xlabel="target", ylabel="prediction", aspect="equal",
-           title=f"{title} ({len(t)}): Pearson {level['pearson']:.4f}, MSE {level['mse']:.4f}")
+           title=f"{plot_label(title)} ({len(t)}): Pearson {level['pearson']:.4f}, MSE {level['mse']:.4f}")
     ax.legend(loc="upper left")
     return fig
 
