@@ -40,6 +40,20 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def special_kind(path: str | Path) -> str | None:
+    """What `path` is when it exists and is neither a regular file nor a folder (links followed): "a FIFO", "a
+    socket", "a character device", "a block device", whose reader would block forever or never end; else None."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"))
+    return next((name for test, name in kinds if test(mode)), None)
+
+
 def tree_fingerprint(path: str | Path) -> str:
     """Content hash of a file, or of every file under a folder (names and bytes)."""
     path = Path(path)
@@ -231,6 +245,10 @@ def read_json(path: str | Path) -> Any:
         raise FileNotFoundError(f"missing file: {path}") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON (line {e.lineno}): {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON: byte {e.object[e.start:e.end]!r} at offset {e.start} is not UTF-8") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not valid JSON: nested too deeply to read (past Python's recursion limit)") from None
 
 
 def library_versions() -> dict[str, str]:

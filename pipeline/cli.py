@@ -19,6 +19,7 @@ def run_main(main: Callable[[list[str] | None], int]) -> None:
     """
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     remember_ctrl_c()
+    threading.excepthook = _thread_failed
     try:
         code = main(None)
         raise_if_interrupted()  # a Ctrl-C some library swallowed still ends the run as one
@@ -39,6 +40,17 @@ def run_main(main: Callable[[list[str] | None], int]) -> None:
         raise
     finally:
         end_process_group()
+
+
+def _thread_failed(args: threading.ExceptHookArgs) -> None:
+    """A library's background thread that dies (TensorBoard's event writer on a read-only folder) is one warning
+    line, not a traceback after the run's own one-line error: the library re-raises the error in the thread that
+    called it, where it is handled (PIPELINE_DEBUG=1: the traceback)."""
+    if os.environ.get("PIPELINE_DEBUG") or args.exc_type is SystemExit:
+        return threading.__excepthook__(args)
+    name = args.thread.name if args.thread is not None else "a thread"
+    what = _message(args.exc_value) if args.exc_value is not None else args.exc_type.__name__
+    print(f"warning: background thread {name} stopped: {args.exc_type.__name__}: {what}", file=sys.stderr, flush=True)
 
 
 def _close_progress_bars() -> None:
@@ -82,7 +94,7 @@ def _message(e: BaseException) -> str:
     if isinstance(e, KeyError) and e.args:
         return str(e.args[0])
     if isinstance(e, OSError) and e.strerror:  # from the system, not one of ours: not "[Errno 20] ..."
-        return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+        return f"{os.fsdecode(e.filename)}: {e.strerror}" if e.filename else e.strerror
     return str(e)
 
 

@@ -63,7 +63,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             pass
     ok = isinstance(value, tp) and not (tp is int and isinstance(value, bool))
     if not ok:
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else f"{shown[:60]}... ({len(shown):,} characters)"
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {shown}")
     return value
 
 
@@ -105,8 +107,10 @@ _INTERVAL = re.compile(r"([\[(])(-?inf|-?\d+(?:\.\d*)?), (inf|-?\d+(?:\.\d*)?)([
 
 def _check_allowed(value: Any, meta: Any, key: str) -> None:
     """The one place a single field's value is checked: its choices, or its range (see `opt`)."""
-    if isinstance(value, str) and not _is_utf8(value):  # from a non-UTF-8 argv or file name
-        raise ConfigError(f"{key}: {ascii(value)} is not valid UTF-8 text; use a UTF-8 name (rename the path)")
+    texts = value if isinstance(value, list) else [value]  # lm.prompts, label.names: each item too
+    bad = next((t for t in texts if isinstance(t, str) and not _is_utf8(t)), None)
+    if bad is not None:  # from a non-UTF-8 argv or file name
+        raise ConfigError(f"{key}: {ascii(bad)} is not valid UTF-8 text; use a UTF-8 name (rename the path)")
     choices = meta.get("choices")
     if choices and isinstance(value, list):
         wrong = [item for item in value if item not in choices]
@@ -181,9 +185,11 @@ def parse_override(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise ConfigError(f"override '{text}' must look like section.key=value")
     key, raw = text.split("=", 1)
+    if not _is_utf8(raw):  # a command line's non-UTF-8 bytes: YAML would refuse them as unprintable
+        raise ConfigError(f"{key.strip()}: {ascii(raw)} is not valid UTF-8 text; use a UTF-8 name (rename the path)")
     try:
         value = yaml.load(raw, Loader=_Yaml12Loader) if raw != "" else ""  # noqa: S506 - a SafeLoader
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):  # not YAML, or nested past Python's recursion limit: the text itself
         value = raw
     return key.strip(), value
 
@@ -236,11 +242,31 @@ def read_yaml(path: Path) -> dict:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
     except ConfigError as e:
         raise ConfigError(f"{path}:{str(e).removeprefix('line ')}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid YAML: nested too deeply to read (past Python's recursion limit); a "
+                          f"config is sections of keys") from None
     if tree is None:
         return {}
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections, got a {type(tree).__name__}")
+    if (where := _lone_surrogate(tree, "")) is not None:  # "\ud83d" in a quoted string: half a character
+        raise ConfigError(f"{path}: {where[0]}: {ascii(where[1])} holds a lone surrogate escape (half of a UTF-16 pair), "
+                          f"not text; write the character itself, or both halves of its escape")
     return tree
+
+
+def _lone_surrogate(tree: Any, key: str) -> tuple[str, str] | None:
+    """(the key path, the text) of the first string in a YAML tree, key or value, that UTF-8 cannot hold."""
+    if isinstance(tree, str):
+        return None if _is_utf8(tree) else (key or "(top level)", tree)
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else ()
+    for k, v in items:
+        name = f"{key}[{k}]" if isinstance(tree, list) else f"{key}.{k}" if key else str(k)
+        if isinstance(k, str) and not _is_utf8(k):
+            return name, k
+        if (found := _lone_surrogate(v, name)) is not None:
+            return found
+    return None
 
 
 def read_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:

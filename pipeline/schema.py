@@ -87,7 +87,8 @@ class DedupConfig:
     # here, not in split: the dedup stage needs it and the split stage already reads this section
     keep_test_whole: bool = opt(False, "benchmark mode: keep the source's own test split whole; a copy across "
                                 "splits is removed from train/validation, copies within test are only reported "
-                                "(dedup and the leakage check); needs split.use_source_split")
+                                "(dedup, the leakage and the contamination check: train and validation are checked "
+                                "against test); needs split.use_source_split")
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,8 @@ class SplitConfig:
     leakage: str = opt("remove", "validation/test documents with a near-duplicate in train", ("remove", "report", "off"))
     leakage_threshold: float = opt(0.7, "Jaccard threshold of the leakage check", bounds="(0, 1]")
     contamination: str = opt("report", "n-gram contamination check: validation/test documents sharing a word n-gram "
-                             "with train, and train documents sharing one with contamination_files; listed in "
+                             "with train (with dedup.keep_test_whole: train/validation documents sharing one with "
+                             "test), and train documents sharing one with contamination_files; listed in "
                              "contamination.jsonl, and removed with `remove`", ("remove", "report", "off"))
     contamination_ngram: int = opt(13, "words per n-gram of the contamination check (GPT-3 and lm-eval-harness: 13)",
                                    bounds="[1, inf)")

@@ -46,3 +46,27 @@ def test_ctrl_c_is_one_line_exit_130_even_where_a_library_swallowed_it(monkeypat
     with pytest.raises(SystemExit) as ended:
         run_main(closed_writer)
     assert (ended.value.code, capfd.readouterr().err) == (2, "error: the writer was closed\n")
+
+
+def test_a_library_thread_that_dies_is_one_warning_line_not_a_traceback(monkeypatch, capfd):
+    """TensorBoard's event writer on a read-only folder: the run's one-line error, then a 13-line traceback from
+    the writer's thread. run_main installs the hook; PIPELINE_DEBUG=1 keeps the traceback."""
+    import threading
+
+    from pipeline import cli
+
+    monkeypatch.setattr(threading, "excepthook", cli._thread_failed)
+
+    def fail():
+        raise OSError(30, "Read-only file system", b"/run/tensorboard/events.out")
+
+    t = threading.Thread(target=fail, name="writer")
+    t.start()
+    t.join()
+    assert capfd.readouterr().err == ("warning: background thread writer stopped: OSError: /run/tensorboard/events.out: "
+                                      "Read-only file system\n")
+    monkeypatch.setenv("PIPELINE_DEBUG", "1")
+    t = threading.Thread(target=fail, name="writer")
+    t.start()
+    t.join()
+    assert "Traceback (most recent call last)" in capfd.readouterr().err

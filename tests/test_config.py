@@ -69,3 +69,35 @@ def test_help_lists_every_option():
     text = "\n".join(options_help())
     for key in ("dedup.threshold", "train.lr", "split.leakage", "tokenize.max_length", "eval.checkpoint"):
         assert key in text
+
+
+def test_a_config_or_override_nested_past_the_recursion_limit_is_one_line(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("train:\n  lr: " + "[" * 20000 + "]" * 20000 + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{deep}: not valid YAML: nested too deeply to read \(past Python's "
+                                          r"recursion limit\); a config is sections of keys$"):
+        load_config(deep)
+    with pytest.raises(ConfigError, match=r"^train.lr: expected float, got str '\[{59}\.\.\. \(40,002 characters\)$"):
+        load_config(None, ["train.lr=" + "[" * 20000 + "]" * 20000])
+
+
+def test_a_lone_surrogate_escape_in_a_yaml_file_is_one_line_naming_the_file_and_key(tmp_path):
+    """`"\\ud83d"` in a quoted YAML string is half a character: a sweep file's name or a config's list item held one
+    and failed later with no file named."""
+    from pipeline.sweeps.space import read_spec
+
+    half = "holds a lone surrogate escape (half of a UTF-16 pair), not text; write the character itself, or both " \
+           "halves of its escape"
+    spec = tmp_path / "space.yaml"
+    spec.write_text('name: "a\\ud83d"\ntrials: 2\nparams: {train.lr: {low: 1.0e-4, high: 1.0e-3}}\n', encoding="utf-8")
+    with pytest.raises(ConfigError) as e:
+        read_spec(spec)
+    assert str(e.value) == f"{spec}: name: 'a\\ud83d' {half}"
+    config = tmp_path / "config.yaml"
+    config.write_text('task: causal_lm\nlm:\n  prompts: ["fine", "bad \\udc00"]\n', encoding="utf-8")
+    with pytest.raises(ConfigError) as e:
+        load_config(config)
+    assert str(e.value) == f"{config}: lm.prompts[1]: 'bad \\udc00' {half}"
+    with pytest.raises(ConfigError) as e:  # from a command line whose bytes were not UTF-8
+        load_config(None, ["task=causal_lm", "lm.prompts=[ok, x\udc80]"])
+    assert str(e.value) == "lm.prompts: '[ok, x\\udc80]' is not valid UTF-8 text; use a UTF-8 name (rename the path)"

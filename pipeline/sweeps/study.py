@@ -81,10 +81,24 @@ def open_sweep(spec_path: Path, config_path: Path, overrides: list[str], trials:
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     with artifacts.locked(folder / ".ask.lock"):  # sweeps started at once on this machine: one creates the study's tables
         _check_same_sweep(folder, spec, config_path, overrides)
-        rdb = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-        sweep.study = optuna.create_study(study_name=spec.name, storage=rdb, load_if_exists=True,
-                                          direction="maximize" if sweep.greater else "minimize", pruner=_pruner(spec))
+        sweep.study = _open_study(optuna, url, kwargs, spec, sweep.greater, folder)
     return sweep
+
+
+def _open_study(optuna, url: str, engine_kwargs: dict, spec: Spec, greater: bool, folder: Path):
+    """The study in Optuna's storage at `url`; a store that is not one (a study.db that is not a database, a
+    server that refuses) is one line naming it."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        rdb = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        return optuna.create_study(study_name=spec.name, storage=rdb, load_if_exists=True,
+                                   direction="maximize" if greater else "minimize", pruner=_pruner(spec))
+    except (SQLAlchemyError, optuna.exceptions.OptunaError) as e:
+        where = folder / "study.db" if url.startswith(f"sqlite:///{folder.resolve()}") else url
+        reason = " ".join(str(e).split("\n")[0].split())[:200]
+        raise ValueError(f"{where}: Optuna cannot open it as the study's storage ({type(e).__name__}: {reason}); "
+                         f"move it away to start the sweep anew, or give the sweep another name") from None
 
 
 def _check_same_sweep(folder: Path, spec: Spec, config_path: Path, overrides: list[str]) -> None:

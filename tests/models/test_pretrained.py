@@ -5,6 +5,7 @@ session, into a temporary cache; the other tests reuse that conversion."""
 import importlib.util
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -262,10 +263,18 @@ def test_a_file_that_is_not_gguf_is_refused_before_anything_is_cached(tmp_path, 
 def test_a_gguf_file_transformers_cannot_read_is_one_line_and_caches_nothing(tmp_path, monkeypatch):
     pytest.importorskip("gguf")
     monkeypatch.setenv(CACHE_VAR, str(tmp_path / "cache"))
-    broken = tmp_path / "broken.gguf"
-    broken.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + bytes(16))  # a v3 header with no metadata
-    msg = _one_line_error(ValueError, str(broken))
-    assert msg.startswith(f"model '{broken}': transformers cannot load {broken.resolve()} (")
+    key = b"general.architecture"
+    header = b"GGUF" + struct.pack("<IQQ", 3, 0, 1)  # v3, no tensors, one metadata key
+    damaged = {  # what a flipped byte in the metadata makes of it: gguf's reader fails with struct.error or OverflowError
+        "no metadata": (b"GGUF" + (3).to_bytes(4, "little") + bytes(16), "ValueError"),
+        "an array's length": (header + struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 8, 2**62), "error"),
+        "a key's length": (header + struct.pack("<Q", 2**63) + key, "OverflowError"),
+    }
+    for what, (data, kind) in damaged.items():
+        broken = tmp_path / "broken.gguf"
+        broken.write_bytes(data)
+        msg = _one_line_error(ValueError, str(broken))
+        assert msg.startswith(f"model '{broken}': transformers cannot load {broken.resolve()} ({kind}: "), (what, msg)
     assert [p.name for p in (tmp_path / "cache" / "gguf").iterdir() if not p.name.endswith(".lock")] == ["sources"]
 
 

@@ -278,3 +278,20 @@ def test_the_summary_names_no_best_trial_while_every_finished_trial_was_pruned(t
     assert [r["state"] for r in rows] == ["pruned"] and summary["best"] is None
     cfg = load_config(build_prepared(tmp_path), [f"run_folder={tmp_path / 'trial-0003'}"])
     assert trackers.run_name(cfg) == "trial-0003"  # each trial's tracker run is named for its folder
+
+
+def test_a_study_store_that_is_not_a_database_is_one_line_naming_it(tmp_path):
+    """A study.db that is not a database was a 74-line sqlalchemy.exc.DatabaseError."""
+    from pipeline.sweeps import study
+
+    cfg = build_prepared(tmp_path)
+    space = tmp_path / "space.yaml"
+    space.write_text("name: a\ntrials: 2\nparams: {train.lr: {low: 1.0e-4, high: 1.0e-3}}\n", encoding="utf-8")
+    db = cfg.parent / "out" / "sweeps" / "a" / "study.db"
+    db.parent.mkdir(parents=True)
+    db.write_bytes(b"this is not a sqlite database, only some bytes " * 100)
+    with pytest.raises(ValueError) as e:
+        study.open_sweep(space, cfg, [])
+    assert str(e.value).startswith(f"{db}: Optuna cannot open it as the study's storage (DatabaseError: ")
+    assert str(e.value).endswith("; move it away to start the sweep anew, or give the sweep another name")
+    assert "\n" not in str(e.value) and db.read_bytes().startswith(b"this is not")  # named, not replaced

@@ -47,6 +47,9 @@ def encode(messages: list[dict]) -> str:
         out.append(ROLE_MARKS[role] + content)
     if not any(m["role"] == "assistant" for m in messages):
         raise ValueError("the conversation has no assistant message to learn from")
+    if messages[0]["role"] == "assistant":  # tokenize renders the prompt before each answer: here there is none
+        raise ValueError("message 0 is the assistant's: a conversation opens with a system or user message, the "
+                         "prompt its first answer follows")
     return "".join(out)
 
 

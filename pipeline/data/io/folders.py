@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from pipeline import artifacts
 from pipeline.data.engines.ops import TEXT
 from pipeline.data.io.parts import WHOLE, Facts, Part, codec_of
 from pipeline.schema import SourceConfig
@@ -25,10 +26,9 @@ def folder_files(path: Path, cfg: SourceConfig) -> list[tuple[str, str, Path]]:
     for split_dir in split_dirs or [path]:
         for label_dir in _subfolders(split_dir):
             found = sorted(label_dir.glob(cfg.glob))
-            odd = next((f for f in found if not f.is_file()), None)  # is_file follows links: /dev/zero is not one
+            odd = next(((f, kind) for f in found if (kind := artifacts.special_kind(f))), None)  # links followed
             if odd is not None:  # a FIFO blocks its reader forever, a device never ends
-                raise ValueError(f"source.path: {odd} is not a regular file (a FIFO, device or socket); move it out "
-                                 f"of the folder")
+                raise ValueError(f"source.path: {odd[0]} is {odd[1]}, not a regular file; move it out of the folder")
             if not found:  # a class that silently vanished would only show up as a worse model
                 print(f"warning: {label_dir} has no {cfg.glob} files (source.glob): class '{_name(label_dir.name)}' gets no documents "
                       f"from it", file=sys.stderr)

@@ -12,6 +12,8 @@ def json_object(line: str) -> dict:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"not valid JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:  # [[[[...]]]] thousands deep: past Python's recursion limit, not a record
+        raise ValueError("JSON nested too deeply to read (past Python's recursion limit)") from None
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
     return obj

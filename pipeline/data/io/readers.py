@@ -27,6 +27,14 @@ from pipeline.data.io.parts import WHOLE, Facts, Part
 from pipeline.schema import SourceConfig
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable(text: str) -> str:
+    """`text` as UTF-8 can store it: a lone surrogate (a JSON or YAML escape like \\ud83d, half of a pair) becomes
+    U+FFFD, as a decoder makes of a bad byte."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
 PROMPT = "prompt"  # source.prompt_field's values, until load.finish_rows makes them and the completions one conversation
 PAIR = "text_pair"  # source.text_pair_field's values, until load.finish_rows makes them and the texts one pair
 LABEL_LIST = "\x1f"  # a raw label that is a list is its items joined by this, as one text (label_list)
@@ -327,8 +335,8 @@ def _parse_record(line: str, fields: dict[str, str], messages: bool = False) -> 
             v = label_list(v)
         elif isinstance(v, (dict, list)):
             raise ValueError(f"field '{theirs}' holds a JSON {type(v).__name__}, expected text")
-        if isinstance(v, str):  # a lone surrogate (\ud83d) cannot be stored as UTF-8: make it U+FFFD
-            v = _SURROGATE.sub("\ufffd", v)
+        if isinstance(v, str):
+            v = storable(v)
         elif v is not None:
             v = json.dumps(v)
         row[ours] = v

@@ -17,6 +17,9 @@ TEXT_SUFFIXES = (".jsonl", ".txt", ".md")
 def _files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
+    if (kind := artifacts.special_kind(path)) is not None:
+        raise ValueError(f"split.contamination_files: {path} is {kind}, not a file; name a .jsonl/.txt/.md file or a "
+                         f"folder of them")
     if not path.is_dir():
         raise ValueError(f"split.contamination_files: {path} not found; name a .jsonl/.txt/.md file or a folder of them")
     found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from pipeline.data.engines.ops import TEXT
-from pipeline.data.io import conversation
+from pipeline.data.io import conversation, readers
 from pipeline.data.io.parts import WHOLE, Facts, Part, codec_of
 from pipeline.schema import SourceConfig
 
@@ -67,6 +67,8 @@ def _load_yaml(path: Path, encoding: str) -> dict:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         raise ValueError(f"{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not valid YAML (nested too deeply to read: past Python's recursion limit)") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("conversations"), list):
         raise ValueError(f"{path}: expected a mapping with a `conversations:` list (format=conversations)")
     return doc
@@ -81,7 +83,7 @@ def _label(doc: dict, path: Path, key: str) -> str:
     value = value[0] if isinstance(value, list) and value else value
     if not isinstance(value, (str, int, float)):
         raise ValueError(f"{path}: '{key}' (source.label_field) holds {type(value).__name__}, expected text")
-    return str(value)
+    return readers.storable(str(value))
 
 
 def read_conversations(path: Path, cfg: SourceConfig, part: Part = WHOLE) -> tuple[pa.Table, Facts]:
@@ -93,7 +95,7 @@ def read_conversations(path: Path, cfg: SourceConfig, part: Part = WHOLE) -> tup
         for k, turns in enumerate(doc["conversations"]):
             where = f"{f}: conversations[{k}]"
             try:
-                texts.append(conversation.encode(conversation.from_turns(turns, where)))
+                texts.append(readers.storable(conversation.encode(conversation.from_turns(turns, where))))
             except ValueError as e:
                 if cfg.bad_lines == "skip":
                     bad += 1

@@ -56,8 +56,8 @@ def resolve_path(cfg: SourceConfig) -> Path:
     path = Path(cfg.path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"source.path: {path.resolve()} not found; point source.path at an existing file or folder")
-    if not (path.is_file() or path.is_dir()):  # a FIFO or device would block the reader forever
-        raise ValueError(f"source.path: {path} is not a regular file or folder")
+    if (kind := artifacts.special_kind(path)) is not None:  # its reader would block forever, or never end
+        raise ValueError(f"source.path: {path} is {kind}, not a regular file or folder")
     return path
 
 
@@ -220,6 +220,8 @@ def _encoded(messages) -> str | None:
             messages = json.loads(messages)
         except json.JSONDecodeError as e:
             raise ValueError(f"not a JSON list of messages ({e.msg} at column {e.colno})") from None
+        except RecursionError:
+            raise ValueError("not a JSON list of messages (nested too deeply to read)") from None
     return conversation.encode(messages)
 
 

@@ -158,7 +158,14 @@ def build_tokenizer(train_texts, cfg: TokenizeConfig, pretrained: str, dest: Pat
 
 def special_template(tok) -> tuple[list[int], list[int]]:
     """The special ids the tokenizer's post-processor puts before and after one text's tokens:
-    ([CLS], [SEP]) for BERT's WordPiece, ([], []) for a byte-level BPE without a post-processor."""
+    ([CLS], [SEP]) for BERT's WordPiece, ([], []) for a byte-level BPE without a post-processor. Probed on a copy
+    without padding or truncation, as the stage encodes: a tokenizer.json saved with padding to a fixed length
+    (the packaged MiniLM's pads to 128) would count its pads as special tokens."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(tok.to_str())
+    tok.no_padding()
+    tok.no_truncation()
     probe = tok.encode("a", add_special_tokens=False)  # one token in any vocabulary ([UNK] at worst)
     full = tok.post_process(probe)
     content = [i for i, special in enumerate(full.special_tokens_mask) if not special]

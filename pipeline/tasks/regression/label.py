@@ -17,10 +17,12 @@ from pipeline.data.engines.ops import SPLITS
 from pipeline.schema import LabelConfig
 
 EXAMPLES = 3  # ids an error shows per kind of bad row
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # targets are stored as float32: past this they would be infinities
 
 
 def parse(raw) -> float | None:
-    """A raw label's target: None when empty; ValueError when it is not a finite number."""
+    """A raw label's target: None when empty; ValueError when it is not a number finite in float32, the dtype
+    the target is stored in (1e39 is finite as a Python float and inf in the prepared data)."""
     text = "" if raw is None else str(raw).strip()
     if not text:
         return None
@@ -30,6 +32,8 @@ def parse(raw) -> float | None:
         raise ValueError(f"{raw!r} is not a number") from None
     if not math.isfinite(value):
         raise ValueError(f"{raw!r} is not a finite number")
+    if abs(value) > FLOAT32_MAX:
+        raise ValueError(f"{raw!r} is beyond float32's range (±{FLOAT32_MAX:.4g}), the dtype targets are stored in")
     return value
 
 
@@ -87,7 +91,8 @@ def _errors(per_split: dict, cfg: LabelConfig) -> None:
         _, _, (n, first), _ = per_split[s]
         if n:
             doc, raw = first[0]
-            raise ValueError(f"label: document {doc!r} has target {raw!r}, not a number ({n} such rows in {s}, "
+            raise ValueError(f"label: document {doc!r} has target {raw!r}, not a number finite in "
+                             f"float32, the targets' dtype ({n} such rows in {s}, "
                              f"e.g. ids {[d for d, _ in first]}); fix them or set label.unknown=drop to drop them")
     for s in SPLITS:
         _, _, _, (n, first) = per_split[s]
@@ -148,7 +153,8 @@ def check_config(cfg: LabelConfig) -> None:
         if getattr(cfg, key):
             raise ValueError(f"label.{key}: task=regression has no classes (its targets are numbers); remove it")
     scale = list(cfg.scale)
-    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in scale)
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                  and abs(x) <= FLOAT32_MAX for x in scale)
     if scale and not (len(scale) == 2 and numbers and scale[0] < scale[1]):
-        raise ValueError(f"label.scale: {scale!r} is not [low, high] with two finite numbers, low < high "
-                         f"(empty = the range found)")
+        raise ValueError(f"label.scale: {scale!r} is not [low, high] with two numbers finite in float32 (the "
+                         f"targets' dtype), low < high (empty = the range found)")

@@ -43,6 +43,15 @@ def test_encode_and_decode_round_trip_and_marks_never_reach_a_content():
         conversation.encode([{"role": "user", "content": "q"}, {"role": "bot", "content": "a"}])
     with pytest.raises(ValueError, match="^the conversation has no assistant message to learn from$"):
         conversation.encode([{"role": "user", "content": "q"}])
+    # passed load and failed 65 s later in tokenize ("Cannot apply chat template to an empty conversation"), no file
+    for opening in ([{"role": "assistant", "content": "a"}],
+                    [{"role": "assistant", "content": "hi"}, {"role": "user", "content": "q"},
+                     {"role": "assistant", "content": "a"}]):
+        with pytest.raises(ValueError, match="^message 0 is the assistant's: a conversation opens with a system or "
+                                             "user message, the prompt its first answer follows$"):
+            conversation.encode(opening)
+    assert conversation.decode(conversation.encode([{"role": "system", "content": "s"},
+                                                    {"role": "assistant", "content": "a"}]))[1]["content"] == "a"
 
 
 def test_yaml_conversations_become_rows_labelled_by_category_and_a_bad_one_is_named(tmp_path):
@@ -70,6 +79,15 @@ def test_a_jsonl_messages_field_and_prompt_completion_columns_become_conversatio
     f.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     ds, _, _ = _read(f, format="jsonl", messages_field="messages", label_field="", id_field="id")
     assert [conversation.decode(t) for t in ds["text"][:]] == [r["messages"] for r in rows]
+    lone = json.dumps({"messages": [{"role": "assistant", "content": "only an answer"}], "id": "d"}) + "\n"
+    f.write_text(f.read_text() + lone, encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^{f}:3: field 'messages': message 0 is the assistant's: .*; fix the line or "
+                                         rf"set source.bad_lines=skip$"):
+        _read(f, format="jsonl", messages_field="messages", label_field="", id_field="id")
+    ds, dropped, _ = _read(f, format="jsonl", messages_field="messages", label_field="", id_field="id",
+                           bad_lines="skip")
+    assert ds.num_rows == 2 and dropped["bad_line"] == 1
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     f.write_text(f.read_text() + json.dumps({"messages": [{"role": "user"}], "id": "c"}) + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match=rf"^{f}:3: field 'messages': message 0 is not an object with 'role' and "
                                          rf"'content'; fix the line or set source.bad_lines=skip$"):
@@ -127,3 +145,29 @@ def test_a_yaml_alias_bomb_is_one_line_naming_the_line_and_bad_yaml_too(tmp_path
     plain.write_text("- - q\n  - a\n", encoding="utf-8")
     with pytest.raises(ValueError, match=rf"^{plain}: expected a mapping with a `conversations:` list"):
         _read(plain, format="conversations")
+
+
+def test_a_file_nested_past_the_recursion_limit_is_one_line_naming_it(tmp_path):
+    """A conversations YAML nested 20,000 deep was a 3,000-line RecursionError; so was such a JSONL line."""
+    deep = tmp_path / "deep.yml"
+    deep.write_text("conversations:\n- " + "[" * 20000 + "]" * 20000 + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^{deep}: not valid YAML \(nested too deeply to read: past Python's "
+                                         r"recursion limit\)"):
+        _read(tmp_path, format="conversations", glob="deep.yml", label_field="")
+    lines = tmp_path / "deep.jsonl"
+    lines.write_text(json.dumps({"text": "fine"}) + "\n" + '{"text": ' + "[" * 100000 + "]" * 100000 + "}\n",
+                     encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^{lines}:2: JSON nested too deeply to read \(past Python's recursion "
+                                         r"limit\); fix the line or set source.bad_lines=skip$"):
+        _read(lines, format="jsonl", label_field="")
+    ds, dropped, _ = _read(lines, format="jsonl", label_field="", bad_lines="skip")
+    assert ds["text"][:] == ["fine"] and dropped["bad_line"] == 1
+
+
+def test_a_lone_surrogate_escape_in_a_conversation_becomes_u_fffd_as_in_jsonl(tmp_path):
+    """`"\\ud83d"` (half a character) reached Arrow's UTF-8 writer and failed with no file named; JSONL's reader
+    already stored it as U+FFFD, as a decoder does a bad byte."""
+    (tmp_path / "a.yml").write_text('categories: ["x\\udc00"]\nconversations:\n- - "hi \\ud83d"\n  - "yo"\n',
+                                    encoding="utf-8")
+    ds, _, _ = _read(tmp_path, format="conversations", glob="*.yml", label_field="categories")
+    assert conversation.decode(ds["text"][0])[0]["content"] == "hi \ufffd" and ds["label"][:] == ["x\ufffd"]

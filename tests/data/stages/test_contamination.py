@@ -97,6 +97,27 @@ def test_remove_drops_the_contaminated_documents_from_their_split(tmp_path):
     assert {h["removed"] for h in hits} == {"validation", "test", "train"}
 
 
+def test_with_the_test_split_kept_whole_train_and_validation_are_checked_against_test(tmp_path):
+    """dedup.keep_test_whole: the test split is the benchmark and the reference; the train documents whose text
+    test's 6 planted documents copy are flagged (and removed), never the test documents; the records name both
+    sides. The docs said it flagged validation/test documents."""
+    ds, _ = _planted(tmp_path)
+    cfg = SplitConfig(leakage="off", contamination="remove")
+    out = tmp_path / "whole"
+    out.mkdir()
+    with LocalEngine().stage(out / "stage"):
+        r = split.split(ds, cfg, StageContext(out_dir=out, engine=LocalEngine(), progress=False,
+                                              similarity=DedupConfig(keep_test_whole=True)))
+        sizes = {s: r.data[s].num_rows for s in SPLITS}
+    hits = [json.loads(x) for x in (out / "contamination.jsonl").read_text().splitlines()]
+    checks = [(c["split"], c["against"], c["contaminated"]) for c in r.stats["contamination"]["checks"]]
+    assert checks == [("train", "test", 6), ("validation", "test", 0), ("validation", "train", 15)]
+    from_test = sorted((h["id"], h["reference_ids"]) for h in hits if h["against"] == "test")
+    assert from_test == [(f"t{30 + k:03d}", [f"s{k:03d}"]) for k in range(6)]  # the train side flagged, test named
+    assert not any(h["split"] == "test" for h in hits) and sizes["test"] == 16
+    assert r.dropped == {"contaminated_train": 6, "contaminated_validation": 15} and sizes["train"] == 54
+
+
 def test_the_check_can_be_off_and_a_bad_evaluation_file_is_one_line(tmp_path):
     ds, _ = _planted(tmp_path)
     out = tmp_path / "off"

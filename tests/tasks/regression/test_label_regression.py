@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from pipeline.data.engines.base import StageContext
 from pipeline.data.engines.local import LocalEngine
 from pipeline.schema import LabelConfig, SplitConfig
 from pipeline.tasks.regression import strata
-from pipeline.tasks.regression.label import label
+from pipeline.tasks.regression.label import check_config, label
 
 
 class Pieces(LocalEngine):
@@ -48,9 +49,24 @@ def test_targets_parsed_to_float32_and_missing_rows_dropped_and_counted(tmp_path
 
 
 def test_a_label_that_is_not_a_number_is_one_line_naming_the_document_and_value(tmp_path):
-    with pytest.raises(ValueError, match=r"^label: document 'i2' has target 'high', not a number \(2 such rows in "
-                                         r"train, e.g. ids \['i2', 'i3'\]\)"):
+    with pytest.raises(ValueError, match=r"^label: document 'i2' has target 'high', not a number finite in float32, "
+                                         r"the targets' dtype \(2 such rows in train, e.g. ids \['i2', 'i3'\]\)"):
         label(_dd(["1", "2", "high", "nan"]), LabelConfig(), StageContext(tmp_path))
+
+
+@pytest.mark.parametrize("big", ["1e39", "-3.5e38", "3.5e38"])
+def test_a_target_past_float32s_range_is_refused_never_stored_as_an_infinity(tmp_path, big):
+    """1e39 is a finite Python float and inf as float32: prepare stored it as inf, label.unknown=drop kept the row,
+    training skipped every update with it and evaluate failed on the plot's limits."""
+    with pytest.raises(ValueError, match=rf"^label: document 'i1' has target {re.escape(repr(big))}, not a number "
+                                         r"finite in float32"):
+        label(_dd(["1", big, "2"]), LabelConfig(), StageContext(tmp_path))
+    res = label(_dd(["1", big, "2", "3.4e38"]), LabelConfig(unknown="drop"), StageContext(tmp_path))
+    assert res.data["train"]["id"] == ["i0", "i2", "i3"] and res.dropped == {"unknown_label": 1}
+    assert np.isfinite(res.data["train"]["label"][:]).all() and res.stats["targets"]["train"]["max"] == 3.4e38
+    with pytest.raises(ValueError, match=r"^label.scale: \[0, 1e\+39\] is not \[low, high\] with two numbers finite "
+                                         r"in float32"):
+        check_config(LabelConfig(scale=[0, 1e39]))
 
 
 def test_a_target_outside_the_declared_scale_is_an_error_and_the_scale_is_recorded(tmp_path):

@@ -68,6 +68,30 @@ def _probe(host: str, port: int, timeout: float) -> str:
     return "grpc" if len(head) == 9 and head[3] == 4 else "other"
 
 
+# a method only Ray serves, asked with an empty request: the GCS's (host:port), the Ray Client server's (ray://)
+RAY_METHODS = {False: "/ray.rpc.NodeInfoGcsService/GetClusterId", True: "/ray.rpc.RayletDriver/ClusterInfo"}
+
+
+def _ray_rpc(host: str, port: int, method: str, timeout: float) -> str:
+    """"ray" (the method is served), "other" (a gRPC server without it: UNIMPLEMENTED, or UNAVAILABLE: one that
+    breaks the protocol) or "silent" (no answer within `timeout`: a listener that speaks HTTP/2's preface and nothing more,
+    which ray.init would wait on for minutes)."""
+    import grpc
+
+    channel = grpc.insecure_channel(f"{host}:{port}")
+    try:
+        channel.unary_unary(method)(b"", timeout=timeout)
+        return "ray"
+    except grpc.RpcError as e:
+        code = e.code()
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return "silent"
+        # any other status came from a handler of the method: Ray's, which the empty request may not please
+        return "other" if code in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE) else "ray"
+    finally:
+        channel.close()
+
+
 def _bootstrap(address: str) -> str:
     """host:port that `address` (auto, host:port, ray://host:port) points at; '' when auto finds none."""
     if address == "auto":
@@ -93,10 +117,18 @@ def check_address(address: str, timeout: float) -> None:
         raise ValueError(f"ray.address={address}: nothing answers at {host}:{port} within {timeout:g} s "
                          f"(ray.connect_timeout_s); start the cluster or fix the address, or set ray.address= "
                          f"(empty) to start a local Ray")
+    fix = "point ray.address at the head's GCS port (6379 by default) or its ray:// client port (10001)"
     if answer != "grpc":
         raise ValueError(f"ray.address={address}: {host}:{port} answers but is not a Ray cluster (no gRPC reply "
-                         f"within {timeout:g} s, ray.connect_timeout_s); point ray.address at the head's GCS port "
-                         f"(6379 by default) or its ray:// client port (10001)")
+                         f"within {timeout:g} s, ray.connect_timeout_s); {fix}")
+    method = RAY_METHODS[address.startswith("ray://")]
+    served = _ray_rpc(host, int(port), method, timeout)
+    if served == "silent":
+        raise ValueError(f"ray.address={address}: {host}:{port} speaks HTTP/2 but did not answer Ray's {method} within "
+                         f"{timeout:g} s (ray.connect_timeout_s); {fix}")
+    if served != "ray":
+        raise ValueError(f"ray.address={address}: {host}:{port} is a gRPC server but not Ray's (it does not serve "
+                         f"{method}); {fix}")
 
 
 def start_local(cfg: RayConfig) -> None:

@@ -449,6 +449,10 @@ def test_a_running_ray_answers_the_address_probe_as_grpc(ray_cluster):
     host, port = ray_cluster.get_runtime_context().gcs_address.rsplit(":", 1)
     assert _probe(host, int(port), 5.0) == "grpc"
     assert _probe("127.0.0.1", 9, 1.0) == "none"
+    from pipeline.data.engines.ray.engine import RAY_METHODS, _ray_rpc, check_address
+
+    assert _ray_rpc(host, int(port), RAY_METHODS[False], 5.0) == "ray"  # the GCS serves the method asked
+    check_address(f"{host}:{port}", 5.0)  # passes
 
 
 @pytest.mark.slow
