@@ -27,6 +27,7 @@ from pipeline.accel import cpu_has_native_bf16
 from pipeline.training import checkpoint
 from tests.training.trainkit import (
     build_prepared,
+    build_prepared_instruct,
     build_prepared_lm,
     clone_prepared,
     final_weights,
@@ -65,10 +66,11 @@ def configs(tmp_path_factory):
         if (task, lora) not in bases:
             if lora:
                 bases[task, lora] = with_pretrained_base(clone_prepared(base(task, False), root / f"{task}-lora"))
-            elif task == "causal_lm":
+            elif task in ("causal_lm", "instruct"):
                 (root / task).mkdir()
-                bases[task, lora] = build_prepared_lm(root / task, train={**SCENARIO["train"], "group_by_length": False},
-                                                      model=SCENARIO["model"])
+                build = build_prepared_lm if task == "causal_lm" else build_prepared_instruct
+                bases[task, lora] = build(root / task, train={**SCENARIO["train"], "group_by_length": False},
+                                          model=SCENARIO["model"])
             else:
                 (root / task).mkdir()
                 bases[task, lora] = build_prepared(root / task, train=SCENARIO["train"], model=SCENARIO["model"])
@@ -280,3 +282,21 @@ def test_a_lora_causal_lm_killed_and_crashed_in_a_save_equals_the_uninterrupted_
     chain.finish()
     assert ref.wait(timeout=180) == 0, log_text(ref_cfg)[-3000:]
     _assert_same_run(run_dir(ref_cfg), chain.run)
+
+
+def test_an_instruct_run_killed_and_crashed_in_a_save_equals_the_uninterrupted_run(tmp_path, configs):
+    """task=instruct (conversations through the chat template, the loss on the answers' tokens alone, answers
+    sampled at each validation) as causal_lm is above: SIGKILL at a random step, SIGKILL inside a save after the
+    weights, the last resume; the losses, validations and final weights those of the run that never stopped."""
+    rng = _seed()
+    ref_cfg, cfg = configs(tmp_path, ("ref", "chain"), "instruct")
+    ref = fork_launch(ref_cfg)
+    chain = Chain(cfg)
+    assert chain.kill_at(rng.randint(5, 25), signal.SIGKILL) == -signal.SIGKILL
+    _assert_intact(chain.run)
+    chain.crash_in_save("weights", 1)
+    chain.finish()
+    assert ref.wait(timeout=180) == 0, log_text(ref_cfg)[-3000:]
+    _assert_same_run(run_dir(ref_cfg), chain.run)
+    assert sorted(p.name for p in (chain.run / "samples").iterdir()) == \
+        sorted(p.name for p in (run_dir(ref_cfg) / "samples").iterdir())  # the answers at each validation

@@ -122,6 +122,39 @@ def build_prepared_lm(tmp: Path, train: dict | None = None, model: dict | None =
     return config
 
 
+def build_prepared_instruct(tmp: Path, train: dict | None = None, model: dict | None = None, n_convs: int = 200) -> Path:
+    """n_convs short question-answer conversations (YAML, two categories) prepared for task=instruct by the real
+    stages: the plain chat template, one conversation per row (lm.packing=false: 160 train rows, as
+    build_prepared's), the loss on the answers' tokens; the tiny GPT-2 of write_config."""
+    from pipeline import tasks
+    from pipeline.checks import load_config
+    from pipeline.data import runner
+
+    rng = random.Random(0)
+    (tmp / "src").mkdir(parents=True)
+    for k, topic in enumerate(("alpha", "beta")):
+        convs = [[f"q{j} " + " ".join(rng.choices(FILLER[:30], k=rng.randint(1, 5))),
+                  "a " + " ".join(rng.choices(FILLER[:30], k=rng.randint(1, 5)))] for j in range(n_convs // 2)]
+        (tmp / "src" / f"{topic}.yml").write_text(yaml.safe_dump({"categories": [topic], "conversations": convs}),
+                                                  encoding="utf-8")
+    config = write_config(tmp / "config.yaml", tmp / "out", "bpe", train, model)
+    tree = yaml.safe_load(config.read_text(encoding="utf-8"))
+    tree.pop("label")
+    tree.update({
+        "task": "instruct",
+        "source": {"format": "conversations", "path": str(tmp / "src"), "glob": "*.yml", "package": "",
+                   "label_field": "categories"},
+        "clean": {"keep_lines": True}, "dedup": {"method": "none"},
+        "split": {"train": 0.8, "validation": 0.1, "test": 0.1, "stratify": False},
+        "tokenize": {"kind": "bpe", "vocab_size": 300, "min_frequency": 0},
+        "lm": {"block_size": 64, "packing": False, "prompts": ["q1 w1"], "sample_tokens": 4, "sample_temperature": 0},
+    })
+    tree["train"] = {"metric_for_best": "perplexity", "group_by_length": False, **tree["train"]}
+    config.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    runner.run(c := load_config(config), tasks.get(c.task), progress=False)
+    return config
+
+
 def train_cmd(config: Path, *extra: str) -> list[str]:
     return [sys.executable, str(REPO / "pipeline" / "train.py"), "--config", str(config), *extra]
 
