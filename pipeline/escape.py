@@ -9,7 +9,9 @@ import re
 
 # line breaks Markdown (and Python's str.splitlines) honours, and other control characters: shown escaped
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-_MARKDOWN_PUNCTUATION = re.compile(r"[`*_{}\[\]()#+\-!|~$]")
+# what can start markup in the middle of a line (emphasis, code, links and images, tables, strikethrough, the hub's
+# math, a heading's #): ( ) only follow a link's ], and - + . ! a list or image only where ] or a line start is
+_MARKDOWN_PUNCTUATION = re.compile(r"[`*_\[\]#|~$]")
 
 
 def _visible(text: str) -> str:
@@ -19,7 +21,8 @@ def _visible(text: str) -> str:
 
 def markdown(text: str) -> str:
     """Inline Markdown text that renders as `text` reads: HTML's `& < >` as entities, Markdown's punctuation
-    backslash-escaped (CommonMark: any ASCII punctuation may be; `$` too, which the hub reads as math), control characters and line breaks escaped."""
+    backslash-escaped where it could start markup (CommonMark lets any ASCII punctuation be; `$` too, which the
+    hub reads as math), control characters and line breaks escaped."""
     out = _visible(text).replace("\\", "\\\\")
     out = out.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return _MARKDOWN_PUNCTUATION.sub(lambda m: "\\" + m.group(), out)

@@ -35,8 +35,8 @@ def documented_commands() -> list[tuple[str, str, list[str]]]:
                     variables[m.group(1)] = shlex.split(m.group(2))[0]
                     continue
                 for cmd in _COMMAND.finditer(line):
-                    expanded = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda v: variables.get(v.group(1), v.group()),
-                                      cmd.group())
+                    expanded = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?",
+                                      lambda v: variables.get(v.group(1), v.group()), cmd.group())
                     if re.search(r"[<\[]|\.\.\.|\$", expanded.replace("=[]", "")):
                         continue  # a synopsis or a placeholder, not a command
                     words = shlex.split(expanded)

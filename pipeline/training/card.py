@@ -145,7 +145,8 @@ def _count(d: dict) -> str:
 
 def _data_lines(cfg, task, data: dict) -> list[str]:
     if data.get("changed"):
-        return [f"The prepared data in {markdown_code(cfg.data_dir)} has changed since this model was trained; its manifests no "
+        return [f"The prepared data in {markdown_code(cfg.data_dir)} has changed since this model was trained; its "
+                f"manifests no "
                 f"longer describe what the model saw."]
     man = data.get("manifests") or {}
     if not man:
@@ -177,7 +178,8 @@ def _data_lines(cfg, task, data: dict) -> list[str]:
                 if leaks else "")
         cont = st.get("contamination") or {}
         if cont.get("checks"):
-            found = ", ".join(f"{markdown(x['split'])} against {markdown(x['against'].replace('_', ' '))} {x['contaminated']:,}"
+            found = ", ".join(f"{markdown(x['split'])} against {markdown(x['against'].replace('_', ' '))} "
+                              f"{x['contaminated']:,}"
                               for x in cont["checks"])
             leak += (f"; documents sharing a {cont['ngram']}-word n-gram (split.contamination `{cont['policy']}`): "
                      f"{found}")
@@ -257,9 +259,10 @@ def _use_lines(cfg, task, run_dir: Path, adapter_only: bool) -> list[str]:
     final = run_dir / "final"
     if adapter_only:
         cls = "AutoPeft" + task.model_class().__name__.removeprefix("Auto")  # AutoPeftModelForSequenceClassification
-        return ["```python", f"from peft import {cls}", f"model = {cls}.from_pretrained({_py(final / 'adapter')})", "```"]
-    return ["```python", "from transformers import pipeline", f"pipe = pipeline({_py(task.pipeline_tag)}, model={_py(final)})",
-            "```"]
+        return ["```python", f"from peft import {cls}", f"model = {cls}.from_pretrained({_py(final / 'adapter')})",
+                "```"]
+    return ["```python", "from transformers import pipeline",
+            f"pipe = pipeline({_py(task.pipeline_tag)}, model={_py(final)})", "```"]
 
 
 def _py(value) -> str:

@@ -159,7 +159,8 @@ def _reason(e: BaseException) -> str:
         seen.append(chain)
         text = " ".join(str(chain).split())
         if text:
-            return f"{type(e).__name__}: {text[:300]}" if chain is e else f"{type(e).__name__} ({type(chain).__name__}: {text[:300]})"
+            return f"{type(e).__name__}: {text[:300]}" if chain is e else \
+                f"{type(e).__name__} ({type(chain).__name__}: {text[:300]})"
         chain = chain.__cause__ or (None if chain.__suppress_context__ else chain.__context__)
     return f"{type(e).__name__} (no message)"
 

@@ -110,7 +110,7 @@ def test_label_names_and_paths_reach_the_card_and_the_plots_as_text(tmp_path):
     assert [line for line in body.splitlines() if line.startswith("#")] == [
         r"# exp &lt;b&gt;\#1&lt;/b&gt;", "## Data", "## Training", "## Evaluation", "## Use"]
     assert "<script>" not in body and "<b>" not in body
-    assert r"&lt;script&gt;alert\(1\)&lt;/script&gt;" in body and r"pos\\n\#\# Injected heading" in body
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body and r"pos\\n\#\# Injected heading" in body
     assert r"\$5 \| a\_b \*c\*" in body  # a table's cell, emphasis and math stay text
     assert f"- **Source**: jsonl ``{source}``, sha256 " in body  # a code span longer than the path's backticks
     assert f'pipe = pipeline("text-classification", model="{cfg.run_dir / "final"}")' in body  # a Python literal

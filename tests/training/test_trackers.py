@@ -183,7 +183,8 @@ def test_a_tracker_store_of_the_wrong_kind_is_one_line_naming_it_before_the_trac
                             f"folder; move it away (or drop aim from train.report_to)")
     (cfg.run_dir / ".aim").unlink()
     (cfg.run_dir / "mlflow.db").mkdir()
-    with pytest.raises(ValueError, match=r"^train.report_to: mlflow keeps its runs in .*mlflow.db, which is a folder, "):
+    with pytest.raises(ValueError, match=r"^train.report_to: mlflow keeps its runs in .*mlflow.db, which is a "
+                                         r"folder, "):
         trackers.open_trackers(replace(cfg, train=replace(cfg.train, report_to=["mlflow"])), cfg.run_dir, fresh=True)
 
 
