@@ -211,7 +211,14 @@ class TrainConfig:
                          "new run starts from, with a fresh optimizer and schedule at step 0; a resume ignores it")
     weight_decay: float = opt(0.01, "AdamW weight decay (never on biases and LayerNorm weights)", bounds="[0, inf)")
     warmup_ratio: float = opt(0.06, "fraction of steps with linear warmup", bounds="[0, 1)")
-    min_lr_ratio: float = opt(0.1, "cosine decay ends at this fraction of the peak learning rate", bounds="[0, 1]")
+    lr_schedule: str = opt("cosine", "the learning rate after warmup: cosine (decays to min_lr_ratio x lr at the last "
+                           "step), linear (the same in a straight line), constant (the peak rate to the end), wsd "
+                           "(warmup-stable-decay: the peak rate, then the last decay_ratio of the steps decay linearly "
+                           "to min_lr_ratio x lr; a run resumed in its stable phase with more train.max_steps stays "
+                           "at the peak and decays at its new end)", ("cosine", "linear", "constant", "wsd"))
+    decay_ratio: float = opt(0.1, "lr_schedule=wsd: the fraction of the steps in the final decay", bounds="(0, 1]")
+    min_lr_ratio: float = opt(0.1, "the decay (cosine, linear, wsd) ends at this fraction of the peak learning rate",
+                              bounds="[0, 1]")
     max_grad_norm: float = opt(1.0, "gradient clipping norm (0 = off)", bounds="[0, inf)")
     mixed_precision: str = opt("auto", "auto: bf16 autocast where the device computes bf16 natively (a CPU with "
                                "avx512_bf16/amx_bf16, a CUDA GPU of capability 8+), else fp32; accelerate's bf16/fp16 "

@@ -27,7 +27,6 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass
-from functools import partial
 from typing import Any
 
 from pipeline.training import batching, build, state_io
@@ -89,7 +88,7 @@ def fix_total_steps(s: Any, started: float) -> dict:
         raise ValueError(f"train.max_minutes={t.max_minutes:g} leaves no time to train: setup took {elapsed:.0f} s, "
                          f"one step {costs.step:.2f} s, a validation {costs.validation:.1f} s, a checkpoint "
                          f"{costs.checkpoint:.1f} s; raise train.max_minutes")
-    s.total_steps, s.scheduler = n, schedule(s.scheduler.optimizer, t, n)
+    s.total_steps, s.scheduler = n, build.schedule(s.scheduler.optimizer, t, n)  # no step taken yet
     record = {"max_minutes": t.max_minutes, "total_steps": n, "warmup_steps": math.ceil(t.warmup_ratio * n),
               "capped": n == cap, "cap": cap, "setup_seconds": round(elapsed, 2),
               "measured_seconds": {k: round(v, 4) for k, v in asdict(costs).items()},
@@ -115,18 +114,9 @@ def describe(r: dict, t: Any) -> str:
            else f"the most that fit, {MARGIN:.0%} of the budget kept in reserve")
     return (f"time budget train.max_minutes={t.max_minutes:g}: measured one step {m['step']:.3f} s, a validation "
             f"{m['validation']:.1f} s, a checkpoint {m['checkpoint']:.1f} s, the export {m['export']:.1f} s, setup "
-            f"{r['setup_seconds']:.0f} s -> {r['total_steps']} steps ({why}; warmup {r['warmup_steps']}, cosine to "
-            f"step {r['total_steps']}), planned to end {r['planned_seconds'] / 60:.1f} min after setup started; "
+            f"{r['setup_seconds']:.0f} s -> {r['total_steps']} steps ({why}; warmup {r['warmup_steps']}, {t.lr_schedule} "
+            f"to step {r['total_steps']}), planned to end {r['planned_seconds'] / 60:.1f} min after setup started; "
             f"fixed for this run: a resume keeps {r['total_steps']} steps")
-
-
-def schedule(optimizer: Any, t: Any, total: int) -> Any:
-    """build.build_optimizer's schedule for `total` steps, on the optimizer it already built (no step taken yet)."""
-    import torch
-
-    warmup = math.ceil(t.warmup_ratio * total)
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, partial(build.lr_factor, total=total, warmup=warmup, min_ratio=t.min_lr_ratio))
 
 
 def measure(s: Any) -> Costs:

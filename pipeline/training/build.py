@@ -75,13 +75,36 @@ def param_groups(model, weight_decay: float) -> list[dict]:
     ]
 
 
-def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
-    """Fraction of the peak rate at 0-based optimizer step `step`: linear warmup reaching 1 at
-    step warmup-1, then cosine from 1 (step warmup) down towards min_ratio (at step total)."""
+def lr_factor(step: int, total: int, warmup: int, min_ratio: float, kind: str = "cosine", decay: float = 0.1) -> float:
+    """Fraction of the peak rate at 0-based optimizer step `step`: linear warmup reaching 1 at step warmup-1,
+    then (`kind`, train.lr_schedule) cosine or linear from 1 (step warmup) down towards min_ratio (at step total),
+    constant at 1, or wsd: 1 until the last ceil(decay x total) steps, which fall linearly to min_ratio (reached
+    at step total). A wsd factor before its decay depends on nothing but the step: a longer run is the same
+    run until its own decay starts."""
     if step < warmup:
         return (step + 1) / warmup
+    if kind == "constant":
+        return 1.0
+    if kind == "wsd":
+        decay_steps = max(1, math.ceil(decay * total))
+        start = max(warmup, total - decay_steps)
+        progress = min(1.0, max(0.0, (step - start) / max(1, total - start)))
+        return 1.0 - (1.0 - min_ratio) * progress
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if kind == "linear":
+        return 1.0 - (1.0 - min_ratio) * progress
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def schedule(optimizer, t: TrainConfig, total_steps: int):
+    """train.lr_schedule's LambdaLR on `optimizer` for `total_steps` (stepped by us once per optimizer step, never
+    per process)."""
+    import torch
+
+    warmup = math.ceil(t.warmup_ratio * total_steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, partial(
+        lr_factor, total=total_steps, warmup=warmup, min_ratio=t.min_lr_ratio, kind=t.lr_schedule,
+        decay=t.decay_ratio))
 
 
 def build_optimizer(model, t: TrainConfig, total_steps: int):
@@ -91,11 +114,7 @@ def build_optimizer(model, t: TrainConfig, total_steps: int):
     # fused: one kernel for all parameters (cpu/cuda); the per-tensor loop took ~2.4x longer per step on MiniLM
     fused = next(model.parameters()).device.type in ("cpu", "cuda")
     opt = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, fused=fused or None)
-    warmup = math.ceil(t.warmup_ratio * total_steps)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, partial(lr_factor, total=total_steps, warmup=warmup, min_ratio=t.min_lr_ratio)
-    )
-    return opt, sched
+    return opt, schedule(opt, t, total_steps)
 
 
 @dataclass(frozen=True)

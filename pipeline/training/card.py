@@ -206,7 +206,7 @@ def _training_lines(cfg, state: dict, info: dict) -> list[str]:
         ("batch", f"{t.batch_size} x {procs} process(es) x {t.grad_accum} accumulation = "
                   f"{t.batch_size * procs * t.grad_accum} examples per step"),
         ("optimizer", f"AdamW, lr {t.lr:g}, weight decay {t.weight_decay:g}, gradient clipping {t.max_grad_norm:g}"),
-        ("schedule", f"linear warmup over {t.warmup_ratio:.0%} of steps, cosine decay to {t.min_lr_ratio:g} x lr"),
+        ("schedule", _schedule(t)),
         ("precision", {"no": "fp32", "": "fp32", None: "fp32"}.get(first.get("mixed_precision"),
                                                                   first.get("mixed_precision"))),
         ("seed", str(t.seed)),
@@ -217,6 +217,14 @@ def _training_lines(cfg, state: dict, info: dict) -> list[str]:
         rows.append(("LoRA", f"r {p.r}, alpha {p.alpha:g}, dropout {p.dropout:g}, targets "
                              f"{markdown(', '.join(p.target_modules)) or 'peft default'}"))
     return ["| setting | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
+
+
+def _schedule(t) -> str:
+    after = {"cosine": f"cosine decay to {t.min_lr_ratio:g} x lr", "linear": f"linear decay to {t.min_lr_ratio:g} x lr",
+             "constant": "constant",
+             "wsd": f"constant, then linear decay to {t.min_lr_ratio:g} x lr over the last {t.decay_ratio:.0%} of steps "
+                    f"(warmup-stable-decay)"}[t.lr_schedule]
+    return f"linear warmup over {t.warmup_ratio:.0%} of steps, {after}"
 
 
 def _evaluations(run_dir: Path, state: dict) -> dict[str, dict]:

@@ -11,6 +11,7 @@ import torch
 
 from pipeline import tasks
 from pipeline.checks import load_config
+from pipeline.config import ConfigError
 from pipeline.training import build, checkpoint, signals
 from pipeline.training.loop import train
 from tests.training.trainkit import LABELS, clone_prepared, records, run_dir
@@ -240,3 +241,48 @@ def test_lr_schedule_values():
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == t.weight_decay and len(decay["params"]) == 1  # only the Linear weight
     assert no_decay["weight_decay"] == 0.0 and len(no_decay["params"]) == 3  # bias, LayerNorm weight and bias
+
+
+def test_each_lr_schedule_gives_the_hand_computed_rates():
+    """train.lr_schedule after a 2-step warmup of a 10-step run, min_lr_ratio 0.1: linear falls by 0.9/8 a step,
+    constant stays at 1, wsd with decay_ratio 0.3 holds 1 to step 7 and falls by 0.3 a step to 0.1 at step 10."""
+    f = build.lr_factor
+    kw = {"total": 10, "warmup": 2, "min_ratio": 0.1}
+    assert [f(s, **kw, kind="linear") for s in (0, 1, 2, 6, 10)] == pytest.approx([0.5, 1.0, 1.0, 0.55, 0.1])
+    assert [f(s, **kw, kind="constant") for s in (0, 1, 2, 9, 10)] == [0.5, 1.0, 1.0, 1.0, 1.0]
+    assert [f(s, **kw, kind="wsd", decay=0.3) for s in range(11)] == pytest.approx(
+        [0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.7, 0.4, 0.1])
+    # a longer wsd run is the same run until its own decay starts
+    assert [f(s, total=40, warmup=0, min_ratio=0.1, kind="wsd") for s in range(36)] == \
+        [f(s, total=20, warmup=0, min_ratio=0.1, kind="wsd") for s in range(18)] + [1.0] * 18
+    with pytest.raises(ConfigError, match=r"^train.lr_schedule: 'step' is not one of 'cosine', 'linear', 'constant', "
+                                          r"'wsd'"):
+        load_config(None, ["train.lr_schedule=step"])
+
+
+@pytest.mark.slow  # two 40-step runs (~3 s); the rule itself: test_each_lr_schedule_gives_the_hand_computed_rates
+def test_a_wsd_run_resumed_in_its_stable_phase_with_more_steps_equals_the_longer_run(prepared, fresh_accelerate,
+                                                                                       tmp_path):
+    """Warmup-stable-decay's promise: a 20-step run stopped in its stable phase (its step-8 checkpoint) and resumed
+    with train.max_steps=40 trains as the run planned for 40 steps from the start: the same losses and rates at
+    every step, the same final weights (no warmup: its length is a share of the planned steps)."""
+    import shutil
+
+    from tests.accelkit import reset
+    from tests.training.trainkit import final_weights, trajectory
+
+    wsd = {"lr_schedule": "wsd", "warmup_ratio": 0.0, "save_every": 8, "epochs": 10, "keep_last": 5}
+    short = prepared(train={**wsd, "max_steps": 20})
+    long = clone_prepared(short, tmp_path / "long")
+    assert train(load_config(short), str(short)) == signals.EXIT_OK
+    run = run_dir(short)
+    for later in ("step-0000016", "step-0000020"):
+        shutil.rmtree(run / "checkpoints" / later)
+    shutil.rmtree(run / "final")
+    reset()
+    assert train(load_config(short, ["train.max_steps=40"]), str(short), "auto") == signals.EXIT_OK
+    reset()
+    assert train(load_config(long, ["train.max_steps=40"]), str(long)) == signals.EXIT_OK
+    assert trajectory(run) == trajectory(run_dir(long))
+    a, b = final_weights(run), final_weights(run_dir(long))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
