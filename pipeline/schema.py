@@ -209,7 +209,12 @@ class TrainConfig:
     lr: float = opt(5e-5, "peak learning rate", bounds="(0, inf)")
     init_from: str = opt("", "warm start: a checkpoint folder (a step checkpoint or a final/ export) whose weights a "
                          "new run starts from, with a fresh optimizer and schedule at step 0; a resume ignores it")
-    weight_decay: float = opt(0.01, "AdamW weight decay (never on biases and LayerNorm weights)", bounds="[0, inf)")
+    optimizer: str = opt("adamw", "adamw (fused where torch has it), adafactor (torch's: factored second moments, "
+                         "little memory), sgd (with train.momentum), lion (lion-pytorch: sign updates, one moment; "
+                         "usually 3-10x smaller lr; pip install -e '.[lion]')", ("adamw", "adafactor", "sgd", "lion"))
+    momentum: float = opt(0.9, "optimizer=sgd: momentum (0 = plain SGD)", bounds="[0, 1)")
+    weight_decay: float = opt(0.01, "weight decay of the optimizer (decoupled for adamw and lion; never on biases and "
+                              "LayerNorm weights)", bounds="[0, inf)")
     warmup_ratio: float = opt(0.06, "fraction of steps with linear warmup", bounds="[0, 1)")
     lr_schedule: str = opt("cosine", "the learning rate after warmup: cosine (decays to min_lr_ratio x lr at the last "
                            "step), linear (the same in a straight line), constant (the peak rate to the end), wsd "

@@ -21,6 +21,7 @@ from pipeline.training import trackers
 from pipeline.training.rundir import read_records
 
 CARD = "README.md"
+OPTIMIZER_NAMES = {"adamw": "AdamW", "adafactor": "Adafactor", "sgd": "SGD", "lion": "Lion"}
 TOOL = "finetune-pipeline"
 
 
@@ -205,7 +206,8 @@ def _training_lines(cfg, state: dict, info: dict) -> list[str]:
         ("steps", f"{state.get('step')} (epoch {state.get('epoch')})"),
         ("batch", f"{t.batch_size} x {procs} process(es) x {t.grad_accum} accumulation = "
                   f"{t.batch_size * procs * t.grad_accum} examples per step"),
-        ("optimizer", f"AdamW, lr {t.lr:g}, weight decay {t.weight_decay:g}, gradient clipping {t.max_grad_norm:g}"),
+        ("optimizer", f"{OPTIMIZER_NAMES[t.optimizer]}{f' (momentum {t.momentum:g})' if t.optimizer == 'sgd' else ''}, "
+                      f"lr {t.lr:g}, weight decay {t.weight_decay:g}, gradient clipping {t.max_grad_norm:g}"),
         ("schedule", _schedule(t)),
         ("precision", {"no": "fp32", "": "fp32", None: "fp32"}.get(first.get("mixed_precision"),
                                                                   first.get("mixed_precision"))),

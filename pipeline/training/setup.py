@@ -178,6 +178,7 @@ def prepare_run(cfg: Config, config_path: str, resume: str | None,
 
     started = time.perf_counter()  # train.max_minutes counts from here
     trackers.check_installed(cfg.train.report_to)
+    build.check_optimizer(cfg.train)
     if not restart:
         rundir.check_run_dir(cfg.run_dir, resume, config_path, main=os.environ.get("RANK", "0") == "0")
     ckpt, notes = (None, []) if restart else _resolve_resume(cfg.run_dir, resume, config_path)

@@ -286,3 +286,46 @@ def test_a_wsd_run_resumed_in_its_stable_phase_with_more_steps_equals_the_longer
     assert trajectory(run) == trajectory(run_dir(long))
     a, b = final_weights(run), final_weights(run_dir(long))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("name", ["adafactor", "sgd", "lion"])
+def test_each_optimizer_trains_and_an_in_process_resume_equals_the_run_that_never_stopped(name, prepared,
+                                                                                          fresh_accelerate):
+    """train.optimizer: its state goes through save_state/load_state, so a run resumed from its step-4 checkpoint
+    ends with the weights of the run that never stopped (torch.equal), and its card names it. The same under
+    SIGKILL, in real processes: test_resume_kill.py's test_each_optimizer_killed_and_resumed_equals_the_
+    uninterrupted_run."""
+    import shutil
+
+    from tests.accelkit import reset
+    from tests.training.trainkit import clone_prepared, final_weights, trajectory
+
+    lr = {"adafactor": 1e-2, "sgd": 5e-2, "lion": 1e-4}[name]
+    a = prepared(train={"optimizer": name, "lr": lr, "max_steps": 8, "save_every": 4, "eval_every": 4})
+    b = clone_prepared(a, a.parent / "b")
+    assert train(load_config(a), str(a)) == signals.EXIT_OK
+    reset()
+    assert train(load_config(b), str(b)) == signals.EXIT_OK
+    shutil.rmtree(run_dir(b) / "checkpoints" / "step-0000008")
+    shutil.rmtree(run_dir(b) / "final")
+    reset()
+    assert train(load_config(b), str(b), "auto") == signals.EXIT_OK
+    assert trajectory(run_dir(a)) == trajectory(run_dir(b))
+    x, y = final_weights(run_dir(a)), final_weights(run_dir(b))
+    assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+    losses = [r["loss"] for r in records(run_dir(a)) if "loss" in r]
+    assert losses[-1] < losses[0]  # it trains
+    card = (run_dir(a) / "final" / "README.md").read_text(encoding="utf-8")
+    assert f"| optimizer | {dict(adafactor='Adafactor', sgd='SGD (momentum 0.9)', lion='Lion')[name]}, lr {lr:g}," in card
+
+
+def test_an_optimizer_that_is_not_one_lists_the_choices_and_lion_without_its_package_names_the_extra(monkeypatch):
+    import importlib.util
+
+    with pytest.raises(ConfigError, match=r"^train.optimizer: 'adam' is not one of 'adamw', 'adafactor', 'sgd', 'lion'"):
+        load_config(None, ["train.optimizer=adam"])
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "lion_pytorch" else real(n, *a))
+    with pytest.raises(ValueError, match=r"^train.optimizer=lion needs lion-pytorch: pip install -c constraints.txt "
+                                         r"-e '.\[lion\]' \(or choose adamw, adafactor or sgd\)$"):
+        build.check_optimizer(load_config(None, ["train.optimizer=lion"]).train)

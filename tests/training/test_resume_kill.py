@@ -300,3 +300,18 @@ def test_an_instruct_run_killed_and_crashed_in_a_save_equals_the_uninterrupted_r
     _assert_same_run(run_dir(ref_cfg), chain.run)
     assert sorted(p.name for p in (chain.run / "samples").iterdir()) == \
         sorted(p.name for p in (run_dir(ref_cfg) / "samples").iterdir())  # the answers at each validation
+
+
+@pytest.mark.parametrize(("name", "lr"), [("adafactor", 1e-2), ("sgd", 5e-2), ("lion", 1e-4)])
+def test_each_optimizer_killed_and_resumed_equals_the_uninterrupted_run(tmp_path, configs, name, lr):
+    """train.optimizer (AdamW: every test above): SIGKILL at a random step, SIGKILL inside a save after the
+    weights (the optimizer's state not yet written), the last resume; equal to the run that never stopped."""
+    rng = _seed()
+    ref_cfg, cfg = configs(tmp_path, ("ref", "chain"), train={"optimizer": name, "lr": lr, "epochs": 2})
+    ref = fork_launch(ref_cfg)
+    chain = Chain(cfg)
+    assert chain.kill_at(rng.randint(5, 15), signal.SIGKILL) == -signal.SIGKILL
+    chain.crash_in_save("weights", 1)
+    chain.finish()
+    assert ref.wait(timeout=180) == 0, log_text(ref_cfg)[-3000:]
+    _assert_same_run(run_dir(ref_cfg), chain.run)
