@@ -302,6 +302,13 @@ def check_fields(cfg: Config) -> None:
                           "split.use_source_split=false re-splits by ratio; set one of them the other way")
     if s.chunk == "words" and s.chunk_overlap >= s.chunk_size:
         raise ConfigError(f"split.chunk_overlap must be below split.chunk_size={s.chunk_size}, got {s.chunk_overlap}")
+    tr = cfg.train
+    if tr.early_stopping_patience and not tr.eval_every:
+        raise ConfigError(f"train.early_stopping_patience={tr.early_stopping_patience} counts validations, and "
+                          f"train.eval_every=0 validates only at the end; set train.eval_every")
+    if tr.early_stopping_patience and not tr.keep_best:
+        raise ConfigError("train.early_stopping_patience ends the run with the best checkpoint's model, and "
+                          "train.keep_best=0 keeps none; set train.keep_best to 1 or more")
     c = cfg.clean
     if c.max_chars and c.max_chars < c.min_chars:
         raise ConfigError(f"clean.max_chars ({c.max_chars}) is below clean.min_chars ({c.min_chars}): "

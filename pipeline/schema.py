@@ -242,6 +242,12 @@ class TrainConfig:
     save_at_epoch_end: bool = opt(True, "checkpoint at the end of every epoch")
     keep_last: int = opt(2, "newest checkpoints kept by rotation (at least 1: resume needs one)", bounds="[1, inf)")
     keep_best: int = opt(1, "best checkpoints (by metric_for_best) kept by rotation", bounds="[0, inf)")
+    early_stopping_patience: int = opt(0, "stop after this many validations in a row in which metric_for_best did not "
+                                       "improve on its best by more than early_stopping_delta; final/ is then the best "
+                                       "checkpoint's model (each improving validation saves one). 0 = off",
+                                       bounds="[0, inf)")
+    early_stopping_delta: float = opt(0.0, "the least change of metric_for_best that counts as an improvement for "
+                                      "early stopping", bounds="[0, inf)")
     metric_for_best: str = opt("accuracy", "validation metric that ranks checkpoints, one of the task's (classification: "
                                "accuracy, macro_f1, loss)")
     log_every: int = opt(10, "log training metrics every N steps", bounds="[1, inf)")

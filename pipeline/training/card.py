@@ -214,6 +214,11 @@ def _training_lines(cfg, state: dict, info: dict) -> list[str]:
         ("seed", str(t.seed)),
         ("launches", f"{len(launches)} (resumed {max(len(launches) - 1, 0)} time(s))"),
     ]
+    if t.early_stopping_patience:
+        stop = state.get("early_stopped")
+        how = f"patience {t.early_stopping_patience} validations, delta {t.early_stopping_delta:g}"
+        rows.append(("early stopping", f"{how}: stopped at step {stop['stopped_at']}; this is step "
+                                       f"{stop['best_step']}'s model" if stop else f"{how}: did not stop"))
     if cfg.peft.method == "lora":
         p = cfg.peft
         rows.append(("LoRA", f"r {p.r}, alpha {p.alpha:g}, dropout {p.dropout:g}, targets "

@@ -257,7 +257,8 @@ def rotate(root: Path, keep_last: int, keep_best: int) -> list[Path]:
     healthy = last_healthy(done)
     if healthy is not None:  # saved during a run of skipped updates, the newest ones may all be unhealthy
         keep.add(healthy)
-    ranked = sorted(((v, s["step"], p) for p, s in done if (v := _rank_value(s)) is not None), reverse=True)
+    # the best first; of equal values the earliest, the step state.json's best names (state_io.Best.offer)
+    ranked = sorted(((v, -s["step"], p) for p, s in done if (v := _rank_value(s)) is not None), reverse=True)
     keep |= {p for _, _, p in ranked[:keep_best]}
     removed = [p for p, _ in done if p not in keep]
     removed += [p for p in root.iterdir() if p.is_dir() and p.name.startswith(".")]
@@ -290,7 +291,7 @@ def resolve_checkpoint(run_dir: str | Path, name: str) -> Path:
             raise FileNotFoundError(f"no complete checkpoint in {root}")
         if name == "last":
             return done[-1][0]
-        ranked = [(v, s["step"], p) for p, s in done if (v := _rank_value(s)) is not None]
+        ranked = [(v, -s["step"], p) for p, s in done if (v := _rank_value(s)) is not None]  # ties: the earliest
         if not ranked:
             raise FileNotFoundError(f"no checkpoint in {root} has validation metrics (checkpoints: {have})")
         return max(ranked)[2]

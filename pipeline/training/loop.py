@@ -79,7 +79,7 @@ def _run(s: Setup, st: TrainState, stop: signals.StopFlag) -> int:
     if t.release_memory_every:  # freed pages kept for the next step between releases (pipeline/training/memory.py)
         memory.hold_freed_memory()
     s.model.train()
-    while code is None and st.step < s.total_steps:
+    while code is None and st.step < s.total_steps and not _stopped_early(s, st):
         for batch, weight in _weighted(s, _epoch_batches(s, st)):
             with acc.accumulate(s.model), anomaly_mode:
                 loss = s.model(**batch).loss  # mean over this micro-batch
@@ -98,7 +98,7 @@ def _run(s: Setup, st: TrainState, stop: signals.StopFlag) -> int:
                 st.epoch, st.batch_in_epoch = st.epoch + 1, 0
             bar.update(1)
             code = code or _after_step(s, st, win, epoch_end, stop, stopping)
-            if code is not None or st.step >= s.total_steps:
+            if code is not None or st.step >= s.total_steps or _stopped_early(s, st):
                 break
     bar.close()
     return _finish(s, st) if code is None else code
@@ -204,10 +204,14 @@ def _after_step(s: Setup, st: TrainState, win: Window, epoch_end: bool, stop, st
     if t.release_memory_every and step % t.release_memory_every == 0:
         memory.release_free_heap()  # the heap's holes left by varying batch shapes go back (counted as training)
     paused = time.perf_counter()
-    if (t.eval_every and step % t.eval_every == 0) or last:
+    evaluated = bool((t.eval_every and step % t.eval_every == 0) or last)
+    if evaluated:
         _evaluate(s, st)
     want_save = (t.save_every and step % t.save_every == 0) or (epoch_end and t.save_at_epoch_end)
-    if want_save or last or stopping:
+    # early stopping ends with the best checkpoint's model: each new best is saved, and so is the step it stops at
+    # (a kill before the export then resumes straight to it)
+    early = t.early_stopping_patience and evaluated and (st.best.step == step or _stopped_early(s, st))
+    if want_save or last or stopping or early:
         _save(s, st)
     win.paused += time.perf_counter() - paused
     if stopping:
@@ -263,6 +267,8 @@ def _evaluate(s: Setup, st: TrainState) -> None:
                  s.cfg.eval.runtime, s.cfg.run_dir)
     st.metrics = m
     st.best.offer(m[st.best.metric], st.step)
+    if s.cfg.train.early_stopping_patience:
+        st.patience.offer(m[st.best.metric], st.best.greater_is_better, s.cfg.train.early_stopping_delta)
     s.log.write({"step": st.step, "eval": m})
     s.acc.log({f"eval/{k}": v for k, v in m.items() if k != "examples"}, step=st.step)
     if s.task.samples is not None and s.acc.is_main_process:
@@ -290,13 +296,37 @@ def _save(s: Setup, st: TrainState) -> None:
     s.acc.wait_for_everyone()
 
 
+def _stopped_early(s: Setup, st: TrainState) -> bool:
+    patience = s.cfg.train.early_stopping_patience
+    return bool(patience) and st.patience.stale >= patience
+
+
+def _restore_best(s: Setup, st: TrainState) -> dict:
+    """Early stopping: the best checkpoint loaded (its weights under any backend, as a resume loads them), the
+    stop said on the console, in metrics.jsonl and to the trackers; returns what final/state.json records of it."""
+    t, best = s.cfg.train, st.best
+    path = s.ckpt_root / f"step-{best.step:07d}"
+    saved = checkpoint.load_checkpoint(s.acc, path, s.model, s.optimizer, s.scheduler)
+    record = {"stopped_at": st.step, "best_step": best.step, "patience": t.early_stopping_patience,
+              "delta": t.early_stopping_delta, "metric": best.metric, "best_value": best.value}
+    if s.acc.is_main_process:
+        s.log.write({"step": st.step, "event": "early_stopped", **record})
+        s.acc.log({"early_stopping/stopped_at": st.step, "early_stopping/best_step": best.step}, step=st.step)
+        print(f"early stopping at step {st.step}: {best.metric} did not improve on {best.value:.4g} by more than "
+              f"{t.early_stopping_delta:g} in {t.early_stopping_patience} validation(s) in a row; final/ is step "
+              f"{best.step}'s model ({path})", flush=True)
+    return {"step": saved["step"], "epoch": saved["epoch"], "early_stopped": record}
+
+
 def _finish(s: Setup, st: TrainState) -> int:
-    """After the last step: the final export (a checkpoint of the last step exists already)."""
+    """After the last step: the final export (a checkpoint of the last step exists already); after an early stop,
+    the best checkpoint's model."""
+    at = _restore_best(s, st) if _stopped_early(s, st) else {"step": st.step, "epoch": st.epoch}
     settings = final_config(s)
     weights = s.acc.get_state_dict(s.model)  # the full state dict: a collective under FSDP/ZeRO-3
     if s.acc.is_main_process:
         best = asdict(st.best)
-        state = {"step": st.step, "epoch": st.epoch, "best": best, "fingerprints": st.fingerprints}
+        state = {**at, "best": best, "fingerprints": st.fingerprints}
         export_final(s, state, weights, settings)
         if settings:
             s.log.write({"step": st.step, "event": "final_config", **settings})

@@ -25,7 +25,7 @@ import random
 import re
 import types
 import typing
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +65,21 @@ class NanCount:
 
 
 @dataclass
+class Patience:
+    """Early stopping (train.early_stopping_patience): the metric's value that last counted as an improvement, and
+    the validations since then that did not improve on it by more than train.early_stopping_delta."""
+
+    value: float | None = None
+    stale: int = 0
+
+    def offer(self, value: float, greater_is_better: bool, delta: float) -> None:
+        if self.value is None or (value - self.value if greater_is_better else self.value - value) > delta:
+            self.value, self.stale = value, 0
+        else:
+            self.stale += 1
+
+
+@dataclass
 class TrainState:
     """Everything that changes as the run goes, exactly what a checkpoint's state.json holds, in its order.
 
@@ -80,7 +95,9 @@ class TrainState:
     nan: NanCount
     num_processes: int
     fingerprints: dict  # model, data and the train settings that shape the updates (setup.check_resumable)
+    patience: Patience = field(default_factory=Patience)  # early stopping; absent from older checkpoints' state.json
 
+    ADDED = ("patience",)  # may be missing from a state.json (written before it existed): its default then
     @classmethod
     def fresh(cls, metric: str, greater_is_better: bool, total_steps: int, num_processes: int,
               fingerprints: dict) -> TrainState:
@@ -127,7 +144,10 @@ def _typed(cls, obj, where: str, prefix: str):
     if unknown:
         raise ValueError(f"{where}: unknown key {prefix + unknown[0]!r}")
     values = {}
+    added = getattr(cls, "ADDED", ())  # keys added since the format: an older state.json held their default
     for name, hint in hints.items():
+        if name not in obj and name in added:  # a key added since: an older state held its default
+            continue
         if name not in obj:
             raise ValueError(f"{where}: missing key {prefix + name!r}")
         if is_dataclass(hint):

@@ -329,3 +329,77 @@ def test_an_optimizer_that_is_not_one_lists_the_choices_and_lion_without_its_pac
     with pytest.raises(ValueError, match=r"^train.optimizer=lion needs lion-pytorch: pip install -c constraints.txt "
                                          r"-e '.\[lion\]' \(or choose adamw, adafactor or sgd\)$"):
         build.check_optimizer(load_config(None, ["train.optimizer=lion"]).train)
+
+
+def _stop_by_hand(evals: list[tuple[int, float]], patience: int, delta: float) -> int | None:
+    """The patience rule computed from the validation records alone: the step of the patience-th validation in a
+    row that did not beat the last counted value by more than delta (accuracy: higher is better)."""
+    value, stale = None, 0
+    for step, v in evals:
+        if value is None or v - value > delta:
+            value, stale = v, 0
+        else:
+            stale += 1
+            if stale >= patience:
+                return step
+    return None
+
+
+def test_early_stopping_stops_where_the_rule_says_and_ends_with_the_best_checkpoints_model(prepared,
+                                                                                         fresh_accelerate):
+    """patience 2 and a delta no validation accuracy can beat (1.0): the run stops at its third validation, having
+    saved each new best; final/ holds the best validation's weights (the checkpoint's, torch.equal), final/
+    state.json, metrics.jsonl, the console and the card say why. A run killed after the stop's checkpoint and
+    before the export (final/ gone), and one resumed from a checkpoint before the stop, end the same."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from pipeline.training import state_io
+    from tests.accelkit import reset
+    from tests.training.trainkit import final_weights
+
+    es = {"early_stopping_patience": 2, "early_stopping_delta": 1.0, "eval_every": 2, "save_every": 0,
+          "max_steps": 40, "keep_last": 5}
+    config = prepared(train=es)
+    assert train(load_config(config), str(config)) == signals.EXIT_OK
+    run = run_dir(config)
+    metric = load_config(config).train.metric_for_best
+    evals = [(r["step"], r["eval"][metric]) for r in records(run, "eval")]
+    stop = _stop_by_hand(evals, 2, 1.0)
+    assert stop == 6 and evals[-1][0] == 6 and records(run)[-1]["step"] == 6
+    best_step = max(evals, key=lambda e: (e[1], -e[0]))[0]  # the first step reaching the best value
+    state = json.loads((run / "final" / "state.json").read_text())
+    assert state["step"] == best_step and state["early_stopped"]["stopped_at"] == 6
+    assert state["early_stopped"]["best_step"] == best_step
+    best_ckpt = load_file(str(run / "checkpoints" / f"step-{best_step:07d}" / "model.safetensors"))
+    final = final_weights(run)
+    assert all(torch.equal(final[k], best_ckpt[k]) for k in best_ckpt)
+    event = [r for r in records(run, "all") if r.get("event") == "early_stopped"]
+    assert event and event[0]["stopped_at"] == 6 and event[0]["best_step"] == best_step
+    assert state_io.TrainState.read(run / "checkpoints" / "step-0000006" / "state.json").patience.stale == 2
+    card = (run / "final" / "README.md").read_text(encoding="utf-8")
+    assert f"| early stopping | patience 2 validations, delta 1: stopped at step 6; this is step {best_step}'s model |" \
+        in card
+
+    shutil.rmtree(run / "final")  # killed after the stop's checkpoint, before the export
+    reset()
+    assert train(load_config(config), str(config), "auto") == signals.EXIT_OK
+    again = final_weights(run)
+    assert all(torch.equal(again[k], final[k]) for k in final)
+    for later in ("step-0000006",):  # resumed from before the stop: trains to it again
+        shutil.rmtree(run / "checkpoints" / later, ignore_errors=True)
+    shutil.rmtree(run / "final")
+    reset()
+    assert train(load_config(config), str(config), "auto") == signals.EXIT_OK
+    again = final_weights(run)
+    assert all(torch.equal(again[k], final[k]) for k in final)
+    assert json.loads((run / "final" / "state.json").read_text())["early_stopped"]["stopped_at"] == 6
+
+
+def test_early_stopping_needs_validations_and_a_kept_best_checkpoint():
+    with pytest.raises(ConfigError, match=r"^train.early_stopping_patience=3 counts validations, and train.eval_every=0"):
+        load_config(None, ["train.early_stopping_patience=3", "train.eval_every=0"])
+    with pytest.raises(ConfigError, match=r"^train.early_stopping_patience ends the run with the best checkpoint's "
+                                          r"model, and train.keep_best=0 keeps none"):
+        load_config(None, ["train.early_stopping_patience=3", "train.keep_best=0"])

@@ -315,3 +315,24 @@ def test_each_optimizer_killed_and_resumed_equals_the_uninterrupted_run(tmp_path
     chain.finish()
     assert ref.wait(timeout=180) == 0, log_text(ref_cfg)[-3000:]
     _assert_same_run(run_dir(ref_cfg), chain.run)
+
+
+def test_an_early_stopped_run_killed_between_validations_stops_at_the_same_step_with_the_same_final(tmp_path, configs):
+    """train.early_stopping_patience (its counter is part of state.json): validations every 4 steps, patience 2
+    and a delta no validation can beat, so the run stops at step 12 with the best validation's model; a SIGKILL
+    between validations and a SIGKILL inside a save, then --resume auto, stop at the same step with the same
+    final/ weights as the run never killed."""
+    rng = _seed()
+    es = {"eval_every": 4, "early_stopping_patience": 2, "early_stopping_delta": 1.0}
+    ref_cfg, cfg = configs(tmp_path, ("ref", "chain"), train=es)
+    ref = fork_launch(ref_cfg)
+    chain = Chain(cfg)
+    assert chain.kill_at(rng.choice([5, 6, 7, 9, 10, 11]), signal.SIGKILL) == -signal.SIGKILL
+    chain.crash_in_save("weights", 1)
+    chain.finish()
+    assert ref.wait(timeout=180) == 0, log_text(ref_cfg)[-3000:]
+    _assert_same_run(run_dir(ref_cfg), chain.run)
+    for run in (run_dir(ref_cfg), chain.run):
+        stopped = [r for r in records(run, "all") if r.get("event") == "early_stopped"]
+        assert [r["stopped_at"] for r in stopped][-1] == 12, run
+    assert "early stopping at step 12" in chain.text()

@@ -113,8 +113,14 @@ def test_a_state_json_of_todays_format_loads_and_is_written_back_byte_for_byte(t
     assert st.best == state_io.Best("loss", False, 1.1049571562853993, 4)
     assert st.nan == state_io.NanCount(0, 0) and st.metrics["accuracy"] == 0.3125
     assert st.fingerprints["train"]["batch_size"] == 8
+    assert st.patience == state_io.Patience(None, 0)  # written before early stopping: its default
     write_json_atomic(tmp_path / "state.json", st.to_json())  # what checkpoint.save_checkpoint writes
-    assert (tmp_path / "state.json").read_bytes() == FORMAT1.read_bytes()
+    written, before = json.loads((tmp_path / "state.json").read_text()), json.loads(FORMAT1.read_text())
+    assert written == {**{k: v for k, v in before.items() if k != "format"}, "patience": {"value": None, "stale": 0},
+                       "format": before["format"]} and list(written)[-2:] == ["patience", "format"]
+    del written["patience"]
+    write_json_atomic(tmp_path / "old.json", written)
+    assert (tmp_path / "old.json").read_bytes() == FORMAT1.read_bytes()  # every other byte as it was
 
 
 def test_a_fresh_state_round_trips_and_decides_the_direction_once():
@@ -127,7 +133,7 @@ def test_a_fresh_state_round_trips_and_decides_the_direction_once():
     assert (low.value, low.step) == (0.4, 6)
     back = state_io.TrainState.from_json(json.loads(json.dumps(st.to_json())), "x")
     assert back == st and list(st.to_json()) == ["step", "epoch", "batch_in_epoch", "total_steps", "metrics", "best",
-                                                 "nan", "num_processes", "fingerprints", "format"]
+                                                 "nan", "num_processes", "fingerprints", "patience", "format"]
 
 
 def _broken(edit) -> dict:
