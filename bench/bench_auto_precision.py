@@ -29,7 +29,8 @@ from pipeline.accel import NATIVE_BF16_VAR, describe_cpu  # noqa: E402
 from pipeline.checks import load_config  # noqa: E402
 
 
-def _run(*argv: str) -> float:
+def run_script(*argv: str) -> float:
+    """Run a repository script (`pipeline/train.py ...`) as a process; its wall seconds."""
     start = time.perf_counter()
     subprocess.run([sys.executable, *argv], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - start
@@ -48,15 +49,15 @@ def main() -> None:
     if os.environ.get(NATIVE_BF16_VAR):
         sys.exit(f"${NATIVE_BF16_VAR} is set: unset it, so that auto reads this CPU's flags")
     common = ["--config", a.config, f"output_dir={a.out}"]
-    _run("pipeline/prepare.py", *common)
+    run_script("pipeline/prepare.py", *common)
     rows, reference = [], None
     for trained in ("no", "auto"):  # fp32 first: it is the reference
         folder = Path(a.out) / f"run-{trained}"
         run = [*common, f"run_folder={folder}"]
-        seconds = _run("pipeline/train.py", *run, f"train.mixed_precision={trained}")
+        seconds = run_script("pipeline/train.py", *run, f"train.mixed_precision={trained}")
         launch = json.loads((folder / "run_info.json").read_text())["launches"][-1]
         for inferred in ("fp32", "auto"):
-            _run("pipeline/evaluate.py", *run, "--split", "test", "--precision", inferred, "--quiet")
+            run_script("pipeline/evaluate.py", *run, "--split", "test", "--precision", inferred, "--quiet")
             out = folder / "eval" / "test-final"
             metrics = json.loads((out / "metrics.json").read_text())
             preds = _predictions(out)

@@ -14,22 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench_auto_precision import run_script as _run  # noqa: E402 - same folder
+
 from pipeline.accel import describe_cpu  # noqa: E402
 from pipeline.checks import load_config  # noqa: E402
-
-
-def _run(*argv: str) -> float:
-    start = time.perf_counter()
-    subprocess.run([sys.executable, *argv], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
 
 
 def main() -> None:
