@@ -23,10 +23,21 @@ def validate(cfg: Config) -> None:
         pair.check_config(cfg, [name for name, t in tasks.TASKS.items() if t.pairs])
         task.validate(cfg)
         lora.check_config(cfg)
+        _check_loss_settings(cfg, task)
     except ConfigError:
         raise
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def _check_loss_settings(cfg: Config, task) -> None:
+    """train.label_smoothing and train.class_weights need a task with classes (Task.weighted_loss)."""
+    t = cfg.train
+    set_ = [k for k, on in (("train.label_smoothing", t.label_smoothing), ("train.class_weights", t.class_weights)) if on]
+    if set_ and task.weighted_loss is None:
+        with_classes = ", ".join(name for name, other in tasks.TASKS.items() if other.weighted_loss is not None)
+        raise ConfigError(f"{' and '.join(set_)}: task={cfg.task} has no classes to smooth or weigh; they apply to "
+                          f"{with_classes}")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:

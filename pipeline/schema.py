@@ -242,6 +242,12 @@ class TrainConfig:
     save_at_epoch_end: bool = opt(True, "checkpoint at the end of every epoch")
     keep_last: int = opt(2, "newest checkpoints kept by rotation (at least 1: resume needs one)", bounds="[1, inf)")
     keep_best: int = opt(1, "best checkpoints (by metric_for_best) kept by rotation", bounds="[0, inf)")
+    label_smoothing: float = opt(0.0, "the training loss's targets smoothed towards uniform by this much (tasks with "
+                                 "classes: classification's cross-entropy, multilabel's per-label targets "
+                                 "eps/2 and 1-eps/2); validation's loss stays the plain one", bounds="[0, 1)")
+    class_weights: list = opt([], "the training loss's weight of each class (tasks with classes): empty = equal, "
+                              "[balanced] = train rows / (classes x the class's train rows), or name:weight items "
+                              "(a class not named weighs 1)", commas=True)
     early_stopping_patience: int = opt(0, "stop after this many validations in a row in which metric_for_best did not "
                                        "improve on its best by more than early_stopping_delta; final/ is then the best "
                                        "checkpoint's model (each improving validation saves one). 0 = off",

@@ -214,6 +214,9 @@ def _training_lines(cfg, state: dict, info: dict) -> list[str]:
         ("seed", str(t.seed)),
         ("launches", f"{len(launches)} (resumed {max(len(launches) - 1, 0)} time(s))"),
     ]
+    if t.label_smoothing or t.class_weights:
+        rows.append(("loss", f"label smoothing {t.label_smoothing:g}; class weights "
+                             f"{markdown(', '.join(map(str, t.class_weights))) or 'equal'}"))
     if t.early_stopping_patience:
         stop = state.get("early_stopped")
         how = f"patience {t.early_stopping_patience} validations, delta {t.early_stopping_delta:g}"

@@ -53,6 +53,7 @@ class Setup:
     budget: dict | None = None  # train.max_minutes: what was measured and decided (budget.py)
     base: dict | None = None  # peft.method=lora: the base model adapted (lora.base_identity)
     run_id: str | None = None  # the main process's: run_info.json's, written into each checkpoint's manifest
+    loss_weights: Any = None  # train.class_weights as a tensor of one weight per class, or None (equal)
 
     @property
     def ckpt_root(self) -> Path:
@@ -267,6 +268,7 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, precision: build.Preci
                     f"model {cfg.model.name_or_path or cfg.model.from_scratch}", task.max_tokens_setting)
     if task.check_settings is not None:
         task.check_settings(model, tok, cfg)
+    weights = class_weights(t, task, train_ds, prep.info)  # before any file: a wrong class name is one line
     if t.gradient_checkpointing:  # non-reentrant: works under DDP (no "marked ready twice"), and with LoRA's
         # frozen embeddings (the reentrant variant needs inputs that require grad: peft's enable_input_require_grads)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -290,7 +292,42 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, precision: build.Preci
                  val_ds=prep.splits["validation"], lengths=np.asarray(train_ds["length"][:], dtype=np.int64),
                  collate=collate, columns=("input_ids", *task.columns, *pair_columns(train_ds)), task=task, data_info=prep.info, run_dir=run_dir, total_steps=total,
                  steps_per_epoch=spe, precision=precision, log=log, config_path=config_path, base=base,
-                 eval_precision=backends.resolve(cfg.eval, acc.device.type, precision.run))
+                 eval_precision=backends.resolve(cfg.eval, acc.device.type, precision.run),
+                 loss_weights=None if weights is None else weights.to(acc.device))
+
+
+def class_weights(t, task, train_ds, info: dict):
+    """train.class_weights as one float32 weight per class (the data's label order), or None: `balanced` is
+    sklearn's n / (classes x count) from the train rows (Task.class_counts), name:weight items give theirs and
+    the rest weigh 1. A name that is not a class, a malformed item or a class with no train row to balance is
+    one line."""
+    if not t.class_weights:
+        return None
+    import torch
+
+    names = list(info.get("label_names") or [])
+    if t.class_weights == ["balanced"]:
+        counts = task.class_counts(train_ds["label"][:], names)
+        empty = [n for n, c in zip(names, counts) if not c]
+        if empty:
+            raise ValueError(f"train.class_weights=balanced: class {empty[0]!r} has no train rows to weigh by; give "
+                             f"the weights by name (name:weight)")
+        total = sum(counts)
+        return torch.tensor([total / (len(names) * c) for c in counts], dtype=torch.float32)
+    weights = [1.0] * len(names)
+    for item in t.class_weights:
+        name, sep, value = str(item).rpartition(":")
+        try:
+            weight = float(value) if sep else float("nan")
+        except ValueError:
+            weight = float("nan")
+        if not (weight >= 0 and weight != float("inf")):
+            raise ValueError(f"train.class_weights: {item!r} is not name:weight with a weight >= 0, nor balanced")
+        if name not in names:
+            raise ValueError(f"train.class_weights: {name!r} is not a class of the prepared data; classes: "
+                             f"{', '.join(names)}")
+        weights[names.index(name)] = weight
+    return torch.tensor(weights, dtype=torch.float32)
 
 
 def pair_columns(ds) -> tuple[str, ...]:

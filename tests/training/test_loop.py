@@ -403,3 +403,88 @@ def test_early_stopping_needs_validations_and_a_kept_best_checkpoint():
     with pytest.raises(ConfigError, match=r"^train.early_stopping_patience ends the run with the best checkpoint's "
                                           r"model, and train.keep_best=0 keeps none"):
         load_config(None, ["train.early_stopping_patience=3", "train.keep_best=0"])
+
+
+def test_class_weights_and_label_smoothing_give_the_hand_computed_loss():
+    """Two rows, three classes: cross-entropy with weights w and smoothing e is, per row, w_y (1 - e) (-log p_y)
+    + (e / C) sum_c w_c (-log p_c), over the sum of the rows' w_y (torch's definition); multilabel's targets go to
+    e/2 and 1 - e/2, each label's term weighted, the mean over rows and labels."""
+    import math
+
+    from pipeline import tasks as registry
+
+    logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, 1.5, 0.0]])
+    labels = torch.tensor([0, 2])
+    w, e = [1.0, 2.0, 3.0], 0.1
+    logp = [[x - math.log(sum(math.exp(v) for v in row)) for x in row] for row in logits.tolist()]
+    rows = [w[y] * (1 - e) * -logp[i][y] + e / 3 * sum(w[c] * -logp[i][c] for c in range(3))
+            for i, y in enumerate(labels.tolist())]
+    want = sum(rows) / sum(w[y] for y in labels.tolist())
+    got = registry.get("classification").weighted_loss(logits, labels, torch.tensor(w), e)
+    assert got.item() == pytest.approx(want, rel=1e-6)
+    targets = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+
+    def bce(x, t):
+        return -(t * math.log(1 / (1 + math.exp(-x))) + (1 - t) * math.log(1 - 1 / (1 + math.exp(-x))))
+
+    terms = [w[c] * bce(logits[i][c].item(), targets[i][c].item() * (1 - e) + e / 2) for i in range(2) for c in range(3)]
+    got = registry.get("multilabel").weighted_loss(logits, targets, torch.tensor(w), e)
+    assert got.item() == pytest.approx(sum(terms) / 6, rel=1e-6)
+
+
+def test_class_weights_are_balanced_from_the_train_rows_or_named_and_refused_in_one_line():
+    from datasets import Dataset
+
+    from pipeline import tasks as registry
+    from pipeline.training.setup import class_weights
+
+    task, info = registry.get("classification"), {"label_names": ["neg", "neu", "pos"]}
+    train = Dataset.from_dict({"label": [0, 0, 0, 1, 2, 2]})
+
+    def weights(*items):
+        return class_weights(load_config(None, [f"train.class_weights=[{', '.join(items)}]"]).train, task, train, info)
+
+    assert weights("balanced").tolist() == pytest.approx([6 / 9, 6 / 3, 6 / 6])  # n / (classes x count)
+    assert weights("pos:2.5").tolist() == [1.0, 1.0, 2.5]
+    with pytest.raises(ValueError, match=r"^train.class_weights: 'positive' is not a class of the prepared data; "
+                                         r"classes: neg, neu, pos$"):
+        weights("positive:2")
+    with pytest.raises(ValueError, match=r"^train.class_weights: 'pos' is not name:weight with a weight >= 0"):
+        weights("pos")
+    empty = Dataset.from_dict({"label": [0, 0, 2]})
+    with pytest.raises(ValueError, match=r"^train.class_weights=balanced: class 'neu' has no train rows"):
+        class_weights(load_config(None, ["train.class_weights=balanced"]).train, task, empty, info)
+    with pytest.raises(ConfigError, match=r"^train.label_smoothing: task=regression has no classes to smooth or "
+                                          r"weigh; they apply to classification, multilabel$"):
+        from tests.training.trainkit import REPO
+
+        load_config(REPO / "configs" / "regression.yaml", ["train.label_smoothing=0.1"])
+
+
+@pytest.mark.slow  # three 8-step runs; the arithmetic and the refusals: the two tests above
+def test_a_weighted_smoothed_run_trains_its_own_loss_and_resumes_exactly(prepared, fresh_accelerate):
+    """class_weights=balanced and label_smoothing 0.1: the first step's loss is not the plain run's, the card
+    says the loss, and a resume from the step-4 checkpoint ends with the uninterrupted run's weights."""
+    import shutil
+
+    from tests.accelkit import reset
+    from tests.training.trainkit import final_weights, trajectory
+
+    plain = prepared(train={"max_steps": 8, "save_every": 4})
+    a = clone_prepared(plain, plain.parent / "a")
+    b = clone_prepared(plain, plain.parent / "b")
+    extra = ["train.class_weights=balanced", "train.label_smoothing=0.1"]
+    assert train(load_config(plain), str(plain)) == signals.EXIT_OK
+    for config in (a, b):
+        reset()
+        assert train(load_config(config, extra), str(config)) == signals.EXIT_OK
+    assert records(run_dir(a))[0]["loss"] != records(run_dir(plain))[0]["loss"]
+    card = (run_dir(a) / "final" / "README.md").read_text(encoding="utf-8")
+    assert "| loss | label smoothing 0.1; class weights balanced |" in card
+    shutil.rmtree(run_dir(b) / "checkpoints" / "step-0000008")
+    shutil.rmtree(run_dir(b) / "final")
+    reset()
+    assert train(load_config(b, extra), str(b), "auto") == signals.EXIT_OK
+    assert trajectory(run_dir(a)) == trajectory(run_dir(b))
+    x, y = final_weights(run_dir(a)), final_weights(run_dir(b))
+    assert all(torch.equal(x[k], y[k]) for k in x)

@@ -55,6 +55,21 @@ def card_metrics(metrics: dict) -> list[tuple[str, str, float]]:
     return [("accuracy", "Accuracy", d["accuracy"]), ("f1", "Macro F1", d["macro_f1"])]
 
 
+def weighted_loss(logits, labels, weights, smoothing: float):
+    """Cross-entropy with per-class weights and label smoothing (torch's definitions: the weighted mean over
+    the micro-batch's rows), in float32."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.float(), labels, weight=weights, label_smoothing=smoothing)
+
+
+def class_counts(labels, names: list) -> list:
+    """Train rows per class (a document's chunks each count: they are what the loss sees)."""
+    import numpy as np
+
+    return np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(names)).tolist()
+
+
 TASK = Task(
     name="classification",
     stages=stages,
@@ -63,6 +78,8 @@ TASK = Task(
     columns=("label",),
     metrics=METRICS,
     collator=collate.Collator,
+    weighted_loss=weighted_loss,
+    class_counts=class_counts,
     build_model=model.build_model,
     model_class=model.model_class,
     score=score_logits,

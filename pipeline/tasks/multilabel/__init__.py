@@ -69,6 +69,23 @@ def card_metrics(metrics: dict) -> list[tuple[str, str, float]]:
             ("accuracy", "Subset accuracy", d["subset_accuracy"])]
 
 
+def weighted_loss(logits, targets, weights, smoothing: float):
+    """Binary cross-entropy per label, each target smoothed to eps/2 and 1-eps/2, each label's term weighted
+    (the mean over rows and labels, as the model's own loss), in float32."""
+    import torch.nn.functional as F
+
+    smoothed = targets.float() * (1 - smoothing) + 0.5 * smoothing
+    return F.binary_cross_entropy_with_logits(logits.float(), smoothed, weight=weights)
+
+
+def class_counts(targets, names: list) -> list:
+    """Train rows holding each label."""
+    import numpy as np
+
+    rows = np.asarray(targets, dtype=np.float64).reshape(-1, len(names))
+    return rows.sum(axis=0).astype(int).tolist()
+
+
 # classification's columns, model class, LoRA head, peft task type and pipeline tag; its own labels, loss and scores
 TASK = dataclasses.replace(
     classification.TASK,
@@ -78,6 +95,8 @@ TASK = dataclasses.replace(
     validate=validate,
     metrics=METRICS,
     collator=collate.Collator,
+    weighted_loss=weighted_loss,
+    class_counts=class_counts,
     build_model=model.build_model,
     score=score_logits,
     check_model=model.check_model,

@@ -60,6 +60,8 @@ def card_metrics(metrics: dict) -> list[tuple[str, str, float]]:
 TASK = dataclasses.replace(
     classification.TASK,
     name="regression",
+    weighted_loss=None,  # no classes: train.label_smoothing and train.class_weights are refused
+    class_counts=None,
     stages=stages,
     data_info=data_info,
     validate=validate,

@@ -118,3 +118,23 @@ def test_a_multilabel_run_resumes_exactly_tunes_its_thresholds_evaluates_and_exp
                                     str(tags_config), progress=False)
         assert other["thresholds"] == conf["label_thresholds"]
         assert abs(other["document"]["micro_f1"] - metrics["document"]["micro_f1"]) <= 0.05, runtime
+
+
+@pytest.mark.slow  # two runs; the loss's arithmetic in the fast tier: test_loop.py's hand computation
+def test_a_multilabel_run_trains_with_balanced_label_weights_and_smoothed_targets(tags_config, tmp_path):
+    """train.class_weights=balanced weighs each label's term by its train rows, train.label_smoothing=0.2 moves
+    the targets to 0.1 and 0.9: the run trains (its loss falls from the first step), and its first loss is not
+    the plain BCE's of the same model on the same batch (the plain run: the test above)."""
+    out = tmp_path / "run"
+    shutil.copytree(Path(load_config(tags_config).output_dir) / "data", out / "data", symlinks=True)
+    over = [f"output_dir={out}", "train.class_weights=balanced", "train.label_smoothing=0.2"]
+    reset()
+    assert train(load_config(tags_config, over), str(tags_config)) == signals.EXIT_OK
+    losses = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in losses if "loss" in r and "eval" not in r]
+    plain = tmp_path / "plain"
+    shutil.copytree(Path(load_config(tags_config).output_dir) / "data", plain / "data", symlinks=True)
+    reset()
+    assert train(load_config(tags_config, [f"output_dir={plain}"]), str(tags_config)) == signals.EXIT_OK
+    first = json.loads((plain / "run" / "metrics.jsonl").read_text().splitlines()[0])["loss"]
+    assert losses[0] != first and min(losses[1:]) < losses[0]
