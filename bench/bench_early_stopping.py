@@ -1,7 +1,7 @@
 """Early stopping on the default config: the same run with and without train.early_stopping_patience.
 
     python bench/bench_early_stopping.py [--config configs/default.yaml] [--out outputs/bench-early-stopping]
-                                         [--eval-every 50] [--patience 2] [--delta 0.0]
+                                         [--eval-every 50] [--patience 2] [--delta 0.0] [--max-steps N]
 
 Prepares once (both runs read the same prepared data), then trains twice from the same seed with validations
 every --eval-every steps, once with early stopping (--patience, --delta) and once without, each in its own run
@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--patience", type=int, default=2)
     ap.add_argument("--delta", type=float, default=0.0)
+    ap.add_argument("--max-steps", type=int, default=0, help="train.max_steps of both runs (0: the config's)")
     a = ap.parse_args()
     out = (REPO / a.out).resolve()
     base = [f"output_dir={out / 'data-owner'}"]
@@ -46,7 +47,8 @@ def main() -> None:
         folder = out / name.replace(" ", "-")
         shutil.rmtree(folder, ignore_errors=True)
         shutil.copytree(out / "data-owner" / "data", folder / "data", symlinks=True)
-        over = [f"output_dir={folder}", f"train.eval_every={a.eval_every}", *extra]
+        over = [f"output_dir={folder}", f"train.eval_every={a.eval_every}", *extra,
+                *([f"train.max_steps={a.max_steps}"] if a.max_steps else [])]
         seconds = _run("pipeline/train.py", "--config", a.config, *over)
         _run("pipeline/evaluate.py", "--config", a.config, "--quiet", "--split", "test", *over)
         cfg = load_config(REPO / a.config, over)
