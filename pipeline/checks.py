@@ -31,13 +31,14 @@ def validate(cfg: Config) -> None:
 
 
 def _check_loss_settings(cfg: Config, task) -> None:
-    """train.label_smoothing and train.class_weights need a task with classes (Task.weighted_loss)."""
+    """train.label_smoothing needs a task with a loss of targets to smooth (Task.weighted_loss), train.class_weights
+    one with classes to weigh (Task.class_counts)."""
     t = cfg.train
-    set_ = [k for k, on in (("train.label_smoothing", t.label_smoothing), ("train.class_weights", t.class_weights)) if on]
-    if set_ and task.weighted_loss is None:
-        with_classes = ", ".join(name for name, other in tasks.TASKS.items() if other.weighted_loss is not None)
-        raise ConfigError(f"{' and '.join(set_)}: task={cfg.task} has no classes to smooth or weigh; they apply to "
-                          f"{with_classes}")
+    for key, on, field, what in (("train.label_smoothing", t.label_smoothing, "weighted_loss", "targets to smooth"),
+                                 ("train.class_weights", t.class_weights, "class_counts", "classes to weigh")):
+        if on and getattr(task, field) is None:
+            takers = ", ".join(name for name, other in tasks.TASKS.items() if getattr(other, field) is not None)
+            raise ConfigError(f"{key}: task={cfg.task} has no {what}; it applies to {takers}")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:

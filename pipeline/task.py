@@ -51,8 +51,8 @@ class Task:
     # validation (run/samples/, TensorBoard text) and by evaluate.py (samples.jsonl); None: a task that generates none
     samples: Callable[..., list] | None = None
     # train.label_smoothing and train.class_weights: (logits, the batch's targets, per-class weights tensor or None,
-    # smoothing) -> the micro-batch's mean loss, and (a split's targets, the label names) -> train rows per class;
-    # None: the task has no classes (the settings are refused)
+    # smoothing) -> the micro-batch's mean loss (None: neither setting applies); and (a split's targets, the label
+    # names) -> train rows per class (None: the task has no classes to weigh; causal_lm smooths but has none)
     weighted_loss: Callable[..., Any] | None = None
     class_counts: Callable[..., list] | None = None
     # the task's settings checked against the model and its tokenizer before train.py or evaluate.py writes any file:

@@ -454,11 +454,15 @@ def test_class_weights_are_balanced_from_the_train_rows_or_named_and_refused_in_
     empty = Dataset.from_dict({"label": [0, 0, 2]})
     with pytest.raises(ValueError, match=r"^train.class_weights=balanced: class 'neu' has no train rows"):
         class_weights(load_config(None, ["train.class_weights=balanced"]).train, task, empty, info)
-    with pytest.raises(ConfigError, match=r"^train.label_smoothing: task=regression has no classes to smooth or "
-                                          r"weigh; they apply to classification, multilabel$"):
-        from tests.training.trainkit import REPO
+    from tests.training.trainkit import REPO
 
+    with pytest.raises(ConfigError, match=r"^train.label_smoothing: task=regression has no targets to smooth; it "
+                                          r"applies to classification, causal_lm, instruct, multilabel$"):
         load_config(REPO / "configs" / "regression.yaml", ["train.label_smoothing=0.1"])
+    with pytest.raises(ConfigError, match=r"^train.class_weights: task=causal_lm has no classes to weigh; it applies "
+                                          r"to classification, multilabel$"):
+        load_config(REPO / "configs" / "shakespeare.yaml", ["train.class_weights=balanced"])
+    load_config(REPO / "configs" / "shakespeare.yaml", ["train.label_smoothing=0.1"])  # a language model's tokens
 
 
 @pytest.mark.slow  # three 8-step runs; the arithmetic and the refusals: the two tests above
@@ -488,3 +492,28 @@ def test_a_weighted_smoothed_run_trains_its_own_loss_and_resumes_exactly(prepare
     assert trajectory(run_dir(a)) == trajectory(run_dir(b))
     x, y = final_weights(run_dir(a)), final_weights(run_dir(b))
     assert all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_a_language_models_smoothed_loss_is_its_own_loss_at_zero_and_the_hand_computed_one_above():
+    """causal_lm's train.label_smoothing: the next-token cross-entropy over the targets the model's own loss
+    averages (labels shifted, IGNORE left out), each target's -log p mixed with e x the mean -log p over the
+    vocabulary."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from pipeline import tasks as registry
+    from pipeline.tasks.causal_lm.collate import IGNORE
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2)).eval()
+    ids = torch.randint(0, 50, (2, 10))
+    labels = ids.masked_fill(torch.rand(2, 10) < 0.3, IGNORE)
+    loss = registry.get("causal_lm").weighted_loss
+    with torch.no_grad():
+        out = model(input_ids=ids, labels=labels)
+        assert loss(out.logits, labels, None, 0.0).item() == pytest.approx(out.loss.item(), rel=1e-6)
+        logp = torch.log_softmax(out.logits[:, :-1].double(), -1)
+        kept = labels[:, 1:] != IGNORE
+        nll = -logp.gather(-1, labels[:, 1:].clamp(min=0)[..., None])[..., 0][kept]
+        uniform = -logp.mean(-1)[kept]
+        want = ((1 - 0.1) * nll + 0.1 * uniform).mean().item()
+        assert loss(out.logits, labels, None, 0.1).item() == pytest.approx(want, rel=1e-5)

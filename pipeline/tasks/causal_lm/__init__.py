@@ -79,6 +79,7 @@ TASK = Task(
     summary=score.summary,
     outputs=collate.row_losses,
     loss_tokens=collate.loss_tokens,
+    weighted_loss=collate.smoothed_loss,
     samples=sample.samples,
     check_settings=sample.check,
     peft_task_type="CAUSAL_LM",

@@ -34,6 +34,17 @@ class Collator:
         return {"input_ids": ids, "position_ids": pos, "labels": ids.masked_fill((pos == 0) | pad, IGNORE)}
 
 
+def smoothed_loss(logits, labels, weights, smoothing: float) -> Any:
+    """train.label_smoothing for a language model: the next-token cross-entropy the model computes (labels shifted
+    by one, IGNORE left out, the mean over the targets), its targets smoothed over the vocabulary (Trainer's
+    label_smoothing_factor does the same). A vocabulary has no class weights (refused before: class_counts None)."""
+    import torch.nn.functional as F
+
+    vocab = logits.shape[-1]
+    return F.cross_entropy(logits[:, :-1, :].float().reshape(-1, vocab), labels[:, 1:].reshape(-1),
+                           ignore_index=IGNORE, label_smoothing=smoothing)
+
+
 def loss_tokens(batch: dict) -> Any:
     """The targets a batch's loss averages over (transformers shifts labels by one inside the model)."""
     return (batch["labels"][:, 1:] != IGNORE).sum()

@@ -293,3 +293,14 @@ def test_blocks_past_the_models_positions_name_lm_block_size(lm_config, tmp_path
     finally:
         reset()
     assert sorted(p.name for p in out.iterdir()) == ["data"]
+
+
+def test_a_language_model_trains_with_label_smoothing_and_its_loss_is_the_smoothed_one(lm_config, tmp_path):
+    """train.label_smoothing on causal_lm: the run trains, and its first step's loss is above the plain run's (a
+    smoothed target costs more than the one-hot at the same weights: the uniform part's -log p is larger)."""
+    plain = _train(lm_config, tmp_path / "plain", max_steps=2)
+    smooth = _train(lm_config, tmp_path / "smooth", "train.label_smoothing=0.2", max_steps=2)
+    assert plain.keys() == smooth.keys()
+    first = [json.loads((tmp_path / k / "run" / "metrics.jsonl").read_text().splitlines()[0])["loss"]
+             for k in ("plain", "smooth")]
+    assert first[1] > first[0]
