@@ -324,13 +324,13 @@ def _validations(path: Path, metric: str) -> list[tuple[int, float]]:
 
 
 def _best(path: Path, metric: str, greater: bool) -> dict:
-    """The trial's best validation of the sweep's metric, the later step on a tie (as checkpoint rotation ranks
-    them); from the validations themselves, so a run killed after its last checkpoint but before its `finished`
+    """The trial's best validation of the sweep's metric, the earliest step on a tie (as checkpoint rotation,
+    `--checkpoint best` and state.json's best rank them); from the validations themselves, so a run killed after its last checkpoint but before its `finished`
     record (resumed: nothing to do) is scored the same."""
     by_step = dict(_validations(path, metric))
     if not by_step:
         raise ValueError(f"{path}: the trial finished without a validation of {metric}")
-    step = max(by_step, key=lambda s: (by_step[s] if greater else -by_step[s], s))
+    step = max(by_step, key=lambda s: (by_step[s] if greater else -by_step[s], -s))
     return {"step": step, "value": by_step[step]}
 
 

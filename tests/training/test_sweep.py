@@ -246,14 +246,14 @@ def test_two_sweep_processes_share_one_study_and_run_each_trial_once(tmp_path):
 
 def test_a_trials_score_is_its_best_validation_even_without_a_finished_record(tmp_path):
     """A trial killed after its last checkpoint but before its `finished` line resumes to nothing to do: its score
-    comes from its validations, the later step on a tie, in the metric's direction."""
+    comes from its validations, the earliest step on a tie (the best checkpoint's), in the metric's direction."""
     from pipeline.sweeps import study
 
     path = tmp_path / "metrics.jsonl"
     rows = [{"step": 1, "loss": 1.0}, {"step": 2, "eval": {"accuracy": 0.5, "loss": 0.9}},
             {"step": 4, "eval": {"accuracy": 0.7, "loss": 0.8}}, {"step": 6, "eval": {"accuracy": 0.7, "loss": 0.85}}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 7, "lo', encoding="utf-8")
-    assert study._best(path, "accuracy", True) == {"step": 6, "value": 0.7}
+    assert study._best(path, "accuracy", True) == {"step": 4, "value": 0.7}
     assert study._best(path, "loss", False) == {"step": 4, "value": 0.8}
     with pytest.raises(ValueError, match="without a validation of macro_f1"):
         study._best(path, "macro_f1", True)
@@ -295,3 +295,32 @@ def test_a_study_store_that_is_not_a_database_is_one_line_naming_it(tmp_path):
     assert str(e.value).startswith(f"{db}: Optuna cannot open it as the study's storage (DatabaseError: ")
     assert str(e.value).endswith("; move it away to start the sweep anew, or give the sweep another name")
     assert "\n" not in str(e.value) and db.read_bytes().startswith(b"this is not")  # named, not replaced
+
+
+@pytest.mark.slow
+def test_trials_that_stop_early_are_scored_by_their_best_validation_and_the_pruner_still_ranks_them(tmp_path):
+    """Early stopping inside a sweep: each trial (patience 1, a delta no validation beats, validations every 2
+    steps) stops at its second validation, step 4 of 8, with exit 0; the sweep records it COMPLETE with its best
+    validation as its value and the values it reported, and names a best trial. The pruner and early stopping
+    each end a trial by their own rule; neither turns the other's end into a failure."""
+    space = tmp_path / "space.yaml"
+    space.write_text("name: s\ntrials: 2\nseed: 3\nparams:\n  train.lr: {low: 1.0e-4, high: 1.0e-2, log: true}\n",
+                     encoding="utf-8")
+    cfg = build_prepared(tmp_path, train={"max_steps": 8, "eval_every": 2, "log_every": 1, "save_every": 0,
+                                          "early_stopping_patience": 1, "early_stopping_delta": 1.0})
+    code, printed = _sweep_here(cfg, space)
+    assert code == 0, printed[-3000:]
+    folder = cfg.parent / "out" / "sweeps" / "s"
+    trials = _trials(folder)
+    assert [t[1] for t in trials] == ["COMPLETE", "COMPLETE"]
+    from pipeline.checks import load_config
+    from pipeline.sweeps import study
+
+    for number, _, _, value, reported in trials:
+        run = folder / f"trial-{number:04d}"
+        stopped = [r for r in records(run, "all") if r.get("event") == "early_stopped"]
+        assert [r["stopped_at"] for r in stopped] == [4] and sorted(reported) == [2, 4]
+        metric = load_config(cfg).train.metric_for_best
+        assert value == study._best(run / "metrics.jsonl", metric, True)["value"]
+    best = min(trials, key=lambda t: (-t[3], t[0]))  # the highest value, the first trial on a tie
+    assert f"trial-{best[0]:04d}/config.yaml --checkpoint best" in printed  # the summary names a best trial
