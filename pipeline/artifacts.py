@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import sys
 import time
 import uuid
@@ -43,8 +44,6 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
 def special_kind(path: str | Path) -> str | None:
     """What `path` is when it exists and is neither a regular file nor a folder (links followed): "a FIFO", "a
     socket", "a character device", "a block device", whose reader would block forever or never end; else None."""
-    import stat
-
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -246,7 +245,8 @@ def read_json(path: str | Path) -> Any:
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON (line {e.lineno}): {e.msg}") from None
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON: byte {e.object[e.start:e.end]!r} at offset {e.start} is not UTF-8") from None
+        raise ValueError(f"{path}: not valid JSON: byte {e.object[e.start:e.end]!r} at offset {e.start} is not "
+                         f"UTF-8") from None
     except RecursionError:
         raise ValueError(f"{path}: not valid JSON: nested too deeply to read (past Python's recursion limit)") from None
 

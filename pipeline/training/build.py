@@ -131,8 +131,7 @@ def build_optimizer(model, t: TrainConfig, total_steps: int):
         opt = torch.optim.Adafactor(groups, lr=t.lr)
     elif t.optimizer == "sgd":
         opt = torch.optim.SGD(groups, lr=t.lr, momentum=t.momentum)
-    elif t.optimizer == "lion":
-        check_optimizer(t)
+    elif t.optimizer == "lion":  # its package checked before any work (check_optimizer, in setup.prepare_run)
         from lion_pytorch import Lion
 
         opt = Lion(groups, lr=t.lr)

@@ -105,22 +105,23 @@ def record_launch(cfg: Config, run_dir: Path, info: dict) -> str:
     return rid
 
 
-def run_id(run_dir: Path) -> str | None:
-    """The id run_info.json gives the run in `run_dir`; None for none (or a run from before runs had ids)."""
+def _recorded_id(path: Path) -> str | None:
+    """The `run_id` a JSON record holds; None where it holds none or cannot be read."""
     try:
-        value = artifacts.read_json(run_dir / "run_info.json").get("run_id")
+        value = artifacts.read_json(path).get("run_id")
     except (FileNotFoundError, ValueError, AttributeError):
         return None
     return value if isinstance(value, str) else None
+
+
+def run_id(run_dir: Path) -> str | None:
+    """The id run_info.json gives the run in `run_dir`; None for none (or a run from before runs had ids)."""
+    return _recorded_id(run_dir / "run_info.json")
 
 
 def made_by(folder: Path) -> str | None:
     """The id of the run that wrote a checkpoint or final export (its manifest.json); None where it says none."""
-    try:
-        value = artifacts.read_json(checkpoint.export_of(folder) / artifacts.MANIFEST).get("run_id")
-    except (FileNotFoundError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, str) else None
+    return _recorded_id(checkpoint.export_of(folder) / artifacts.MANIFEST)
 
 
 def belongs(run_dir: Path, folder: Path) -> bool:
@@ -224,7 +225,7 @@ def export_final(model, tok, out: Path, state: dict | None = None, weights: dict
             tok.save_pretrained(str(tmp))
             if state is not None:
                 artifacts.write_json_atomic(tmp / "state.json", state)
-            checkpoint.write_manifest(tmp, kind="final", run_id=run_id)  # evaluation verifies what it loads against it
+            checkpoint.write_manifest(tmp, kind="final", run_id=run_id)  # evaluation checks what it loads by it
     except artifacts.write_errors() as e:  # a full disk, however the library words it
         needed = sum(p.numel() * p.element_size() for p in model.parameters())
         full = artifacts.no_space_error(out.parent, needed, f"the final export {out.name}/", e)

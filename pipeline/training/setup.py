@@ -19,7 +19,8 @@ from pipeline.training import batching, budget, build, card, checkpoint, rundir,
 from pipeline.training.state_io import Best, TrainState
 
 # train settings that do not change the sequence of updates: free to change on resume
-FREE_ON_RESUME = {"epochs", "max_steps", "early_stopping_patience", "early_stopping_delta", "eval_every", "save_every", "save_at_epoch_end", "keep_last", "keep_best",
+FREE_ON_RESUME = {"epochs", "max_steps", "early_stopping_patience", "early_stopping_delta", "eval_every",
+                  "save_every", "save_at_epoch_end", "keep_last", "keep_best",
                   "log_every", "metric_for_best", "nan_policy", "max_nan_in_a_row", "num_workers", "allow_slow_bf16",
                   "collective_timeout_s", "detect_anomaly", "max_minutes",  # a budget's steps are kept on resume
                   "init_from",  # a resume's weights come from its checkpoint
