@@ -16,9 +16,10 @@ and, for the equal-settings ratio, in Trainer, in fp32 and (native CPUs) bf16; a
 position of its last layer (pipeline/inference/first_token.py computes only the one the head reads), or
 drawing its dropout masks with torch's `bernoulli_` (pipeline/training/dropout.py draws them ~5x faster on a
 CPU), or with glibc's malloc defaults (pipeline/training/memory.py keeps freed pages between releases), to show what
-each is worth. Every variant of ours pins its precision (fp32 unless it says bf16), as Trainer's do. The
-ratio column is against Trainer with `group_by_length` at the same length and precision, the checkpoint's
-model config as Trainer users run it. The table starts with this CPU's model and flags (pipeline.accel.describe_cpu): keep one table per kind of CPU.
+each is worth. Every variant of ours pins its precision (fp32 unless it says bf16), as Trainer's do. Then
+torch.compile on both sides (`train.compile=true`; Trainer's `torch_compile=True`). The ratio column is against
+Trainer at its best at equal settings: the same length, precision and attention dropout, `group_by_length`,
+compiled or not, whichever was faster (bench.settings says what a row holds equal). The table starts with this CPU's model and flags (pipeline.accel.describe_cpu): keep one table per kind of CPU.
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def run_ours(config: Path, steps: int, warmup: int, batch: int, extra: list[str]
 
 
 def run_trainer(config: Path, steps: int, warmup: int, batch: int, grouped: bool, bf16: bool = False,
-                attention_dropout: float | None = None) -> dict:
+                attention_dropout: float | None = None, compile: bool = False) -> dict:
     from transformers import (
         AutoModelForSequenceClassification,
         DataCollatorWithPadding,
@@ -195,7 +196,7 @@ def run_trainer(config: Path, steps: int, warmup: int, batch: int, grouped: bool
         output_dir=str(config.parent / "trainer"), per_device_train_batch_size=batch, max_steps=steps + warmup,
         learning_rate=1e-4, warmup_steps=0.06, weight_decay=0.01, lr_scheduler_type="cosine", save_strategy="no",
         report_to="none", use_cpu=True, disable_tqdm=True, logging_steps=10_000, seed=42,
-        train_sampling_strategy="group_by_length" if grouped else "random", bf16=bf16,
+        train_sampling_strategy="group_by_length" if grouped else "random", bf16=bf16, torch_compile=compile,
     )
     train_ds = prep.splits["train"].select_columns(["input_ids", "attention_mask", "label", "length"])
     Trainer(model=model, args=args, train_dataset=train_ds, data_collator=collate, callbacks=[Clock()]).train()
@@ -227,7 +228,8 @@ def child(args) -> None:
         res = {"fp32": matmul_rate("float32"), "bf16": matmul_rate("bfloat16")}
     elif args.variant.startswith("trainer"):
         res = run_trainer(cfg, args.steps, args.warmup, args.batch, args.variant.startswith("trainer_grouped"),
-                          bf16="_bf16" in args.variant, attention_dropout=0.0 if "_adrop0" in args.variant else None)
+                          bf16="_bf16" in args.variant, attention_dropout=0.0 if "_adrop0" in args.variant else None,
+                          compile="_compile" in args.variant)
     else:
         res = run_ours(cfg, args.steps, args.warmup, args.batch, args.extra)
     res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -298,6 +300,7 @@ def main() -> None:
         "ours max_len 256, grad ckpt": ("ours", long, s4, w, 8, ["train.gradient_checkpointing=true"]),
         **bf16_variants(short, long, s, s4, w),
         **attention_dropout_variants(short, long, s, s4, w),
+        **compile_variants(short, long, s, s4, w),
     }
     if args.only:
         variants = {k: v for k, v in variants.items() if k == "matmul" or any(k.startswith(o) for o in args.only)}
@@ -374,19 +377,52 @@ def attention_dropout_variants(short: Path, long: Path, s: int, s4: int, w: int)
     return out
 
 
+def compile_variants(short: Path, long: Path, s: int, s4: int, w: int) -> dict:
+    """torch.compile on both sides (Trainer's torch_compile=True, ours train.compile=true) at configs/default.yaml's
+    attention dropout 0, in fp32 and, where native, bf16: the compile happens in the warmup steps, not timed (each
+    variant's first steps; length grouping's varying lengths make one static and one dynamic-shape graph)."""
+    from pipeline.accel import cpu_has_native_bf16
+
+    zero, on = ["model.attention_dropout=0"], ["train.compile=true"]
+    out = {
+        "ours, attention dropout 0, compiled (length-grouped)": ("ours", short, s, w, 32, [*zero, *on]),
+        "Trainer, attention dropout 0, compiled (group_by_length)": ("trainer_grouped_adrop0_compile", short, s, w, 32,
+                                                                     []),
+        "ours max_len 256, attention dropout 0, compiled (length-grouped)": ("ours", long, s4, w, 8, [*zero, *on]),
+        "Trainer max_len 256, attention dropout 0, compiled (group_by_length)":
+            ("trainer_grouped_adrop0_compile", long, s4, w, 8, []),
+    }
+    if cpu_has_native_bf16():
+        bf16 = [*zero, *on, "train.mixed_precision=bf16"]
+        out |= {
+            "ours bf16, attention dropout 0, compiled (length-grouped)": ("ours", short, s, w, 32, bf16),
+            "Trainer bf16, attention dropout 0, compiled (group_by_length)":
+                ("trainer_grouped_adrop0_bf16_compile", short, s, w, 32, []),
+            "ours max_len 256 bf16, attention dropout 0, compiled (length-grouped)": ("ours", long, s4, w, 8, bf16),
+            "Trainer max_len 256 bf16, attention dropout 0, compiled (group_by_length)":
+                ("trainer_grouped_adrop0_bf16_compile", long, s4, w, 8, []),
+        }
+    return out
+
+
+def settings(name: str) -> tuple:
+    """What a row's ratio must hold equal: length, precision and the model's attention dropout (0 where the name
+    says so, else the checkpoint's 0.1)."""
+    return "256" in name, "bf16" in name, "attention dropout 0" in name
+
+
 def table(res: dict) -> str:
     from pipeline.accel import describe_cpu
 
     mm = res.pop("matmul")
-    # the ratio column: against Trainer at its best at that length and precision (group_by_length; bf16 where
-    # the variant is bf16), with the checkpoint's model config as Trainer users run it
+    # the ratio column: against Trainer at its best at equal settings (the same length, precision and attention
+    # dropout; group_by_length, and compiled where compiling made it faster)
     def best_trainer(name: str) -> float | None:
-        key = ("Trainer max_len 256" if "256" in name else "Trainer") + (" bf16" if "bf16" in name else "") + \
-              " (group_by_length)"
-        return res.get(key, {}).get("tokens_per_s") or res.get(key.replace(" (group_by_length)", " (dynamic padding)"),
-                                                                 {}).get("tokens_per_s")
+        rates = [r["tokens_per_s"] for k, r in res.items()
+                 if k.startswith("Trainer") and "group_by_length" in k and settings(k) == settings(name)]
+        return max(rates) if rates else None
     lines = [f"CPU: {describe_cpu()}", f"fp32 matmul on this CPU: {mm['fp32']:.0f} GFLOP/s; bf16: {mm['bf16']:.1f} GFLOP/s", "",
-             "| variant | real tokens/s | vs Trainer group_by_length, same length and precision | padding | s/step | ~GFLOP/s (share of fp32 matmul) | peak RSS MB |",
+             "| variant | real tokens/s | vs Trainer at its best at equal settings | padding | s/step | ~GFLOP/s (share of fp32 matmul) | peak RSS MB |",
              "|---|---|---|---|---|---|---|"]
     for name, r in res.items():
         seq = 256 if "256" in name else 64

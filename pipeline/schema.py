@@ -231,6 +231,9 @@ class TrainConfig:
                                "accelerate's setting", ("auto", "", "no", "bf16", "fp16"))
     allow_slow_bf16: bool = opt(False, "run bf16 on a CPU without native bf16 support (very slow)")
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
+    compile: bool = opt(False, "torch.compile the model (inductor) for training and validation: its forward and "
+                        "backward as fused kernels, after a one-off compile of tens of seconds (on a CPU it needs a C++ "
+                        "compiler: without one, one warning and eager mode); dropout then draws torch's masks")
     attention: str = opt("auto", "attention implementation of the model being trained (validation too): auto = eager "
                          "where a sequence classifier trains in bf16 on a CPU (torch's CPU SDPA kernels in bf16 measured "
                          "1.2-1.4x slower than eager there, bench/results/train.md), the model's own (SDPA) elsewhere; sdpa; "

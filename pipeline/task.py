@@ -55,6 +55,11 @@ class Task:
     # names) -> train rows per class (None: the task has no classes to weigh; causal_lm smooths but has none)
     weighted_loss: Callable[..., Any] | None = None
     class_counts: Callable[..., list] | None = None
+    # training: (the model as it trains) -> the function (prepared model, batch, smoothing) -> the micro-batch's mean
+    # loss that the loop calls instead of the model's own and weighted_loss, or None where the model needs its own
+    # (causal_lm: the output layer and the cross-entropy fused a chunk of positions at a time, never all the logits:
+    # tasks/causal_lm/loss.py); None: the model's own loss
+    training_loss: Callable[[Any], Any] | None = None
     # the task's settings checked against the model and its tokenizer before train.py or evaluate.py writes any file:
     # (model, tokenizer, cfg) -> None, raising ValueError (causal_lm: each prompt fits the model's positions with
     # lm.sample_tokens); None: nothing to check

@@ -208,6 +208,31 @@ def training_attention(setting: str, precision: str, device_type: str, cpu_bf16:
     return (cpu_bf16 or None) if precision == "bf16" and device_type == "cpu" else None
 
 
+def can_compile(on: bool, device_type: str) -> bool:
+    """train.compile: whether inductor can compile here. A CPU without the C++ compiler inductor builds its kernels
+    with gets one warning and eager mode, not a failure at the first step."""
+    if not on or device_type != "cpu":
+        return on
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()  # inductor's own search (its config.cpp.cxx, $CXX)
+    except Exception as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"warning: train.compile=true needs a C++ compiler on a CPU and inductor found none ({why}); training "
+              f"in eager mode", file=sys.stderr)
+        return False
+    return True
+
+
+def compiled(model: Any) -> Any:
+    """The forward that training and validation call under train.compile: torch.compile of the prepared model (its
+    parameters, the same tensors; checkpoints, samples and final/ use the model itself, never a compiled graph)."""
+    import torch
+
+    return torch.compile(model)
+
+
 def describe(model: Any) -> str:
     n = sum(p.numel() for p in model.parameters())
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)

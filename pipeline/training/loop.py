@@ -105,13 +105,16 @@ def _run(s: Setup, st: TrainState, stop: signals.StopFlag) -> int:
 
 
 def _loss(s: Setup, batch: dict):
-    """The micro-batch's mean loss: the model's own, or with train.label_smoothing or train.class_weights the
-    task's weighted loss of the model's logits (Task.weighted_loss)."""
+    """The micro-batch's mean loss: the task's own (Task.training_loss: causal_lm's fused output layer and
+    cross-entropy, smoothing included), else the model's own, or with train.label_smoothing or train.class_weights
+    the task's weighted loss of the model's logits (Task.weighted_loss)."""
     t = s.cfg.train
+    if s.loss_fn is not None:
+        return s.loss_fn(s.forward, batch, t.label_smoothing)
     if not (t.label_smoothing or s.loss_weights is not None):
-        return s.model(**batch).loss
+        return s.forward(**batch).loss
     inputs = {k: v for k, v in batch.items() if k != "labels"}
-    return s.task.weighted_loss(s.model(**inputs).logits, batch["labels"], s.loss_weights, t.label_smoothing)
+    return s.task.weighted_loss(s.forward(**inputs).logits, batch["labels"], s.loss_weights, t.label_smoothing)
 
 
 def _weighted(s: Setup, batches):
@@ -273,8 +276,9 @@ def _evaluate(s: Setup, st: TrainState) -> None:
     """Validation with evaluate.py's code (batches and eval.precision too): this step's metrics, the best so far."""
     from pipeline.training.validation import validate
 
-    m = validate(s.acc, s.model, s.val_ds, s.cfg.eval.batch_size, s.task, s.data_info, s.eval_precision[0],
-                 s.cfg.eval.runtime, s.cfg.run_dir)
+    plain = s.eval_precision[0] == "int8" or s.cfg.eval.runtime != "torch"  # a quantized copy, an ONNX export
+    m = validate(s.acc, s.model if plain else s.forward, s.val_ds, s.cfg.eval.batch_size, s.task, s.data_info,
+                 s.eval_precision[0], s.cfg.eval.runtime, s.cfg.run_dir)
     st.metrics = m
     st.best.offer(m[st.best.metric], st.step)
     if s.cfg.train.early_stopping_patience:

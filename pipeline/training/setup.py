@@ -55,6 +55,8 @@ class Setup:
     base: dict | None = None  # peft.method=lora: the base model adapted (lora.base_identity)
     run_id: str | None = None  # the main process's: run_info.json's, written into each checkpoint's manifest
     loss_weights: Any = None  # train.class_weights as a tensor of one weight per class, or None (equal)
+    loss_fn: Any = None  # the task's own training loss (Task.training_loss), or None: the model's
+    forward: Any = None  # what training and validation call: the model, or under train.compile its compiled forward
 
     @property
     def ckpt_root(self) -> Path:
@@ -277,12 +279,15 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, precision: build.Preci
     if attention:
         model.set_attn_implementation(attention)
     model, base = lora.adapt(cfg, task, model, acc)
-    if acc.device.type == "cpu":  # the same masks in distribution, drawn ~5x faster than torch's bernoulli_
+    loss_fn = task.training_loss(model) if task.training_loss is not None else None
+    compile_it = build.can_compile(t.compile, acc.device.type)  # inductor fuses torch's own dropout
+    if acc.device.type == "cpu" and not compile_it:  # the same masks in distribution, ~5x faster than bernoulli_
         from pipeline.training import dropout
 
         dropout.use_cpu_dropout(model)
     optimizer, scheduler = build.build_optimizer(model, t, total)
     model, optimizer = acc.prepare(model, optimizer)  # the scheduler is stepped once per optimizer step, by us
+    forward = build.compiled(model) if compile_it else model
     if saved is None:
         _set_aside_earlier_attempt(acc, run_dir)
     acc.wait_for_everyone()
@@ -294,7 +299,8 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, precision: build.Preci
                  collate=collate, columns=("input_ids", *task.columns, *pair_columns(train_ds)), task=task, data_info=prep.info, run_dir=run_dir, total_steps=total,
                  steps_per_epoch=spe, precision=precision, log=log, config_path=config_path, base=base,
                  eval_precision=backends.resolve(cfg.eval, acc.device.type, precision.run),
-                 loss_weights=None if weights is None else weights.to(acc.device))
+                 loss_weights=None if weights is None else weights.to(acc.device), loss_fn=loss_fn,
+                 forward=forward)
 
 
 def class_weights(t, task, train_ds, info: dict):

@@ -37,7 +37,7 @@ def test_every_field_of_the_contract_is_filled_by_every_task():
     tag and headline figures, so its model card has them."""
     names = [f.name for f in dataclasses.fields(Task) if f.default is dataclasses.MISSING]
     assert [f.name for f in dataclasses.fields(Task) if f.name not in names] == [
-        "outputs", "loss_tokens", "samples", "weighted_loss", "class_counts", "check_settings", "peft_task_type", "head", "final_config", "strata",
+        "outputs", "loss_tokens", "samples", "weighted_loss", "class_counts", "training_loss", "check_settings", "peft_task_type", "head", "final_config", "strata",
         "pipeline_tag", "model_kind", "card_data", "card_metrics", "sections", "pairs", "max_tokens",
         "max_tokens_setting", "output_width", "cpu_bf16_attention"]
     for name, task in tasks.TASKS.items():

@@ -74,3 +74,22 @@ def test_attention_dropout_out_of_range_is_one_line():
         load_config(None, ["model.attention_dropout=-0.5"])
     with pytest.raises(ConfigError, match="model.attention_dropout"):
         load_config(None, ["model.attention_dropout=1"])
+
+
+def test_compile_needs_a_cpp_compiler_on_a_cpu_and_without_one_is_one_warning_and_eager_mode(monkeypatch, capsys):
+    """train.compile on a CPU where inductor finds no C++ compiler: one warning and eager mode, not a failure at the
+    first step; the compiled forward shares the model's parameters (checkpoints and final/ are the plain model's)."""
+    import torch
+    import torch._inductor.config as inductor
+
+    assert build.can_compile(False, "cpu") is False
+    monkeypatch.setattr(inductor.cpp, "cxx", ("no-such-c++-compiler",))
+    assert build.can_compile(True, "cpu") is False
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "train.compile=true needs a C++ compiler" in err and "eager mode" in err
+    monkeypatch.undo()
+    assert build.can_compile(True, "cpu") is True and capsys.readouterr().err == ""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    forward = build.compiled(model)
+    assert forward is not model and list(forward.parameters())[0] is model[0].weight
+    assert list(model.state_dict()) == ["0.weight", "0.bias"]

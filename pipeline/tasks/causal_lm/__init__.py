@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pipeline.data.engines.base import Stage
 from pipeline.task import Task
-from pipeline.tasks.causal_lm import collate, model, pack, sample, score
+from pipeline.tasks.causal_lm import collate, loss, model, pack, sample, score
 
 METRICS = {"perplexity": False, "bits_per_byte": False, "loss": False}  # lower is better, all three
 
@@ -80,6 +80,7 @@ TASK = Task(
     outputs=collate.row_losses,
     loss_tokens=collate.loss_tokens,
     weighted_loss=collate.smoothed_loss,
+    training_loss=loss.training_loss,
     samples=sample.samples,
     check_settings=sample.check,
     peft_task_type="CAUSAL_LM",

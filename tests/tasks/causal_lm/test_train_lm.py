@@ -304,3 +304,25 @@ def test_a_language_model_trains_with_label_smoothing_and_its_loss_is_the_smooth
     first = [json.loads((tmp_path / k / "run" / "metrics.jsonl").read_text().splitlines()[0])["loss"]
              for k in ("plain", "smooth")]
     assert first[1] > first[0]
+
+
+@pytest.mark.slow
+def test_a_compiled_run_is_the_eager_math_resumes_exactly_and_exports_a_plain_model(lm_config, tmp_path):
+    """train.compile=true: without dropout the eager run's weights to float rounding (inductor fuses, the math
+    stays); with dropout (torch's masks, drawn by the compiled kernels from the checkpointed RNG) a resume equals
+    the run that never stopped; final/ is the plain model (its names, loadable by from_pretrained)."""
+    from transformers import AutoModelForCausalLM
+
+    eager = _train(lm_config, tmp_path / "eager", max_steps=4)
+    compiled = _train(lm_config, tmp_path / "compiled", max_steps=4, compile="true")
+    assert eager.keys() == compiled.keys() and _max_diff(eager, compiled) < 1e-4
+    extra = ["model.dropout=0.1", "train.max_steps=6", "train.save_every=3", "train.keep_last=5",
+             "train.save_at_epoch_end=false", "train.compile=true"]
+    straight = _train(lm_config, tmp_path / "run", *extra)
+    shutil.rmtree(tmp_path / "run" / "run" / "checkpoints" / "step-0000006")
+    shutil.rmtree(tmp_path / "run" / "run" / "final")
+    reset()
+    assert train(load_config(lm_config, [f"output_dir={tmp_path / 'run'}", *extra]), str(lm_config), "auto") == 0
+    resumed = load_file(str(tmp_path / "run" / "run" / "final" / "model.safetensors"))
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    assert AutoModelForCausalLM.from_pretrained(str(tmp_path / "run" / "run" / "final")).config.model_type == "gpt2"
