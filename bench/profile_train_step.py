@@ -22,6 +22,7 @@ import time
 from collections import defaultdict
 
 KINDS = [  # (kind, substrings of an aten operator's name), first match wins
+    ("word-embedding gradient", ("embedding_dense_backward", "embedding_backward")),
     ("attention (SDPA kernels)", ("scaled_dot_product", "flash_attention", "_efficient_attention")),
     ("Linear (matmul)", ("addmm", "aten::mm", "aten::bmm", "matmul", "aten::linear")),
     ("GELU", ("gelu",)),

@@ -47,7 +47,7 @@ def build_model(cfg, tok, info: dict):
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tok.pad_token_id
         compute_first_token_only(model)  # the head reads position 0 of the last layer: compute only that
-        return model
+        return _single_label(model)
     positions = max(cfg.tokenize.max_length, 8)
     positions = -(-positions // 8) * 8  # room for padding to a multiple of 8
     if m.from_scratch == "bert":
@@ -68,6 +68,15 @@ def build_model(cfg, tok, info: dict):
         )
     model = AutoModelForSequenceClassification.from_config(conf)
     compute_first_token_only(model)
+    return _single_label(model)
+
+
+def _single_label(model):
+    """problem_type set as transformers' forward sets it at the first labelled batch (int labels, several classes):
+    set up front, the config a train.compile graph was traced with is never changed by that first call (which would
+    cost a second compile). Multi-label and regression set their own after this."""
+    if model.config.problem_type is None and model.config.num_labels > 1:
+        model.config.problem_type = "single_label_classification"
     return model
 
 
