@@ -132,25 +132,29 @@ def measure(s: Any) -> Costs:
 
 
 def _step_seconds(s: Any) -> float:
-    """Mean seconds of PROBE_STEPS optimizer steps as the loop takes them; the run's state is restored."""
+    """Mean seconds of PROBE_STEPS optimizer steps as the loop takes them (Setup.loss: the run's loss, compiled or
+    not); the run's state is restored."""
     import torch
 
     t, acc, model, opt = s.cfg.train, s.acc, s.model, s.optimizer
     per_epoch = s.steps_per_epoch * t.grad_accum  # micro-batches per rank
     order = batching.epoch_order(s.lengths, t.seed, 0, t.batch_size * acc.num_processes, t.group_by_length)
-    starts = [round(i * (per_epoch - t.grad_accum) / PROBE_STEPS) for i in range(PROBE_STEPS + 1)]
+    # untimed first: one step (allocations), two under train.compile (its static graph, then the dynamic-shape one
+    # a second batch length makes)
+    warm = 1 if s.forward is s.model else 2
+    starts = [round(i * (per_epoch - t.grad_accum) / (PROBE_STEPS + warm - 1)) for i in range(PROBE_STEPS + warm)]
     weights = {k: v.detach().clone() for k, v in acc.unwrap_model(model).state_dict().items()}
     opt_state, rng = opt.state_dict(), state_io.rng_state()  # the optimizer has no moments yet
     times = []
     model.train()
-    for first in starts:  # the first one is the warm-up (allocations), untimed
+    for first in starts:
         sampler = batching.RankBatches(order, acc.process_index, t.batch_size, first, first + t.grad_accum)
         loader = batching.make_loader(s.train_ds, sampler, s.collate, columns=s.columns)
         batches = [{k: v.to(acc.device) for k, v in b.items()} for b in loader]
         start = time.perf_counter()
         for i, batch in enumerate(batches):
             with acc.no_sync(model) if i < len(batches) - 1 else contextlib.nullcontext():  # as accumulate does
-                acc.backward(model(**batch).loss)
+                acc.backward(s.loss(batch))
         acc.clip_grad_norm_(model.parameters(), t.max_grad_norm if t.max_grad_norm > 0 else math.inf)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -159,7 +163,7 @@ def _step_seconds(s: Any) -> float:
         acc.unwrap_model(model).load_state_dict(weights)
     opt.load_state_dict(opt_state)
     state_io.set_rng_state(rng, "the time-budget probe")
-    return sum(times[1:]) / len(times[1:])
+    return sum(times[warm:]) / len(times[warm:])
 
 
 def _validation_seconds(s: Any) -> float:

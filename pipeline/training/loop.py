@@ -82,7 +82,7 @@ def _run(s: Setup, st: TrainState, stop: signals.StopFlag) -> int:
     while code is None and st.step < s.total_steps and not _stopped_early(s, st):
         for batch, weight in _weighted(s, _epoch_batches(s, st)):
             with acc.accumulate(s.model), anomaly_mode:
-                loss = _loss(s, batch)  # mean over this micro-batch
+                loss = s.loss(batch)  # mean over this micro-batch
                 if weight is not None:  # its share of the step's targets on every process (see _weighted)
                     loss = loss * weight
                 acc.backward(loss)
@@ -102,19 +102,6 @@ def _run(s: Setup, st: TrainState, stop: signals.StopFlag) -> int:
                 break
     bar.close()
     return _finish(s, st) if code is None else code
-
-
-def _loss(s: Setup, batch: dict):
-    """The micro-batch's mean loss: the task's own (Task.training_loss: causal_lm's fused output layer and
-    cross-entropy, smoothing included), else the model's own, or with train.label_smoothing or train.class_weights
-    the task's weighted loss of the model's logits (Task.weighted_loss)."""
-    t = s.cfg.train
-    if s.loss_fn is not None:
-        return s.loss_fn(s.forward, batch, t.label_smoothing)
-    if not (t.label_smoothing or s.loss_weights is not None):
-        return s.forward(**batch).loss
-    inputs = {k: v for k, v in batch.items() if k != "labels"}
-    return s.task.weighted_loss(s.forward(**inputs).logits, batch["labels"], s.loss_weights, t.label_smoothing)
 
 
 def _weighted(s: Setup, batches):

@@ -62,6 +62,20 @@ class Setup:
     def ckpt_root(self) -> Path:
         return self.run_dir / "checkpoints"
 
+    def loss(self, batch: dict):
+        """A micro-batch's mean loss, as the loop and the time-budget probe take it: the task's own
+        (Task.training_loss: causal_lm's fused output layer and cross-entropy, smoothing included), else the model's
+        own, or with train.label_smoothing or train.class_weights the task's weighted loss of the model's logits
+        (Task.weighted_loss). Through `forward`: the compiled model under train.compile."""
+        t = self.cfg.train
+        if self.loss_fn is not None:
+            return self.loss_fn(self.forward, batch, t.label_smoothing)
+        if not (t.label_smoothing or self.loss_weights is not None):
+            return self.forward(**batch).loss
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        return self.task.weighted_loss(self.forward(**inputs).logits, batch["labels"], self.loss_weights,
+                                       t.label_smoothing)
+
 
 def _fingerprints(cfg: Config, data_fp: str, mp: str) -> dict:
     train = {k: v for k, v in asdict(cfg.train).items() if k not in FREE_ON_RESUME}
