@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from pipeline import artifacts
 from pipeline.config import Config
-from pipeline.training import batching, checkpoint, memory, signals, trackers
+from pipeline.training import audit, batching, checkpoint, memory, signals, trackers
 from pipeline.training.setup import Setup, export_final, final_config, prepare_run
 from pipeline.training.state_io import TrainState
 
@@ -82,7 +82,7 @@ def _run(s: Setup, st: TrainState, stop: signals.StopFlag) -> int:
     while code is None and st.step < s.total_steps and not _stopped_early(s, st):
         for batch, weight in _weighted(s, _epoch_batches(s, st)):
             with acc.accumulate(s.model), anomaly_mode:
-                loss = _loss(s, batch)  # mean over this micro-batch
+                loss = _loss(s, st, batch)  # mean over this micro-batch
                 if weight is not None:  # its share of the step's targets on every process (see _weighted)
                     loss = loss * weight
                 acc.backward(loss)
@@ -104,14 +104,15 @@ def _run(s: Setup, st: TrainState, stop: signals.StopFlag) -> int:
     return _finish(s, st) if code is None else code
 
 
-def _loss(s: Setup, batch: dict):
+def _loss(s: Setup, st: TrainState, batch: dict):
     """The micro-batch's mean loss: the model's own, or with train.label_smoothing or train.class_weights the
-    task's weighted loss of the model's logits (Task.weighted_loss)."""
+    task's weighted loss of the model's logits (Task.weighted_loss). train.label_audit records the logits."""
     t = s.cfg.train
-    if not (t.label_smoothing or s.loss_weights is not None):
-        return s.model(**batch).loss
-    inputs = {k: v for k, v in batch.items() if k != "labels"}
-    return s.task.weighted_loss(s.model(**inputs).logits, batch["labels"], s.loss_weights, t.label_smoothing)
+    plain = not (t.label_smoothing or s.loss_weights is not None)
+    out = s.model(**(batch if plain else {k: v for k, v in batch.items() if k != "labels"}))
+    if s.audit is not None:  # this micro-batch's rows: a function of the epoch and its index in it
+        s.audit.see(out.logits, batch["labels"], st.epoch, st.batch_in_epoch)
+    return out.loss if plain else s.task.weighted_loss(out.logits, batch["labels"], s.loss_weights, t.label_smoothing)
 
 
 def _weighted(s: Setup, batches):
@@ -299,7 +300,8 @@ def _write_samples(s: Setup, step: int, samples: list[dict]) -> None:
 def _save(s: Setup, st: TrainState) -> None:
     """A checkpoint of this step (its state.json: st.to_json()), then rotation."""
     name = f"step-{st.step:07d}"
-    checkpoint.save_checkpoint(s.acc, s.ckpt_root, name, s.model, s.optimizer, s.scheduler, st.to_json(), s.run_id)
+    checkpoint.save_checkpoint(s.acc, s.ckpt_root, name, s.model, s.optimizer, s.scheduler, st.to_json(), s.run_id,
+                               extra=audit.checkpoint_writer(s))  # train.label_audit's record, all ranks summed
     if s.acc.is_main_process:
         checkpoint.rotate(s.ckpt_root, s.cfg.train.keep_last, s.cfg.train.keep_best)
     trackers.flush(s.acc)
@@ -331,6 +333,7 @@ def _restore_best(s: Setup, st: TrainState) -> dict:
 def _finish(s: Setup, st: TrainState) -> int:
     """After the last step: the final export (a checkpoint of the last step exists already); after an early stop,
     the best checkpoint's model."""
+    audit.at_end(s, st)  # train.label_audit: run/label_audit.jsonl, before the card that counts it
     at = _restore_best(s, st) if _stopped_early(s, st) else {"step": st.step, "epoch": st.epoch}
     settings = final_config(s)
     weights = s.acc.get_state_dict(s.model)  # the full state dict: a collective under FSDP/ZeRO-3

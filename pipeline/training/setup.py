@@ -15,7 +15,7 @@ from pipeline import accel, artifacts, tasks
 from pipeline.config import Config, TrainConfig
 from pipeline.inference import backends, padding
 from pipeline.models import lora
-from pipeline.training import batching, budget, build, card, checkpoint, rundir, trackers
+from pipeline.training import audit, batching, budget, build, card, checkpoint, rundir, trackers
 from pipeline.training.state_io import Best, TrainState
 
 # train settings that do not change the sequence of updates: free to change on resume
@@ -55,6 +55,7 @@ class Setup:
     base: dict | None = None  # peft.method=lora: the base model adapted (lora.base_identity)
     run_id: str | None = None  # the main process's: run_info.json's, written into each checkpoint's manifest
     loss_weights: Any = None  # train.class_weights as a tensor of one weight per class, or None (equal)
+    audit: Any = None  # train.label_audit: this process's audit.LabelAudit record, or None
 
     @property
     def ckpt_root(self) -> Path:
@@ -294,7 +295,19 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, precision: build.Preci
                  collate=collate, columns=("input_ids", *task.columns, *pair_columns(train_ds)), task=task, data_info=prep.info, run_dir=run_dir, total_steps=total,
                  steps_per_epoch=spe, precision=precision, log=log, config_path=config_path, base=base,
                  eval_precision=backends.resolve(cfg.eval, acc.device.type, precision.run),
-                 loss_weights=None if weights is None else weights.to(acc.device))
+                 loss_weights=None if weights is None else weights.to(acc.device), audit=_audit(cfg, task, train_ds, prep.info, acc))
+
+
+def _audit(cfg: Config, task, train_ds, info: dict, acc):
+    """train.label_audit: an empty record of every train row (its rows' batches are this process's), or None."""
+    if not cfg.train.label_audit:
+        return None
+    import numpy as np
+
+    t = cfg.train
+    return audit.LabelAudit(len(train_ds), len(info.get("label_names") or ()), task.margins,
+                            np.asarray(train_ds["length"][:], dtype=np.int64), t.seed, t.batch_size,
+                            acc.num_processes, acc.process_index, t.group_by_length)
 
 
 def class_weights(t, task, train_ds, info: dict):
@@ -356,6 +369,8 @@ def _start_state(s: Setup, ckpt: Path | None, saved: TrainState | None, fps: dic
                          f"config's is {lora.describe_base(fps.get('base'))}; resume with the base it was "
                          f"trained on, or start a new output_dir")
     checkpoint.load_checkpoint(s.acc, ckpt, s.model, s.optimizer, s.scheduler)  # RNG last: nothing draws after
+    if s.audit is not None:
+        s.audit.load(ckpt)
     # metric_for_best is free on resume: this run's metric and direction, the saved best value and step
     best = Best.of(metric, s.task.metrics[metric], saved.best.value, saved.best.step)
     return replace(saved, total_steps=s.total_steps, num_processes=s.acc.num_processes, fingerprints=fps, best=best)
@@ -375,6 +390,8 @@ def final_config(s: Setup) -> dict:
 
 def _nothing_to_do(s: Setup, ckpt: Path, saved: TrainState) -> None:
     settings = final_config(s) if not (s.run_dir / "final" / "config.json").is_file() else {}
+    if not (s.run_dir / "final" / "config.json").is_file():
+        audit.at_end(s, saved)  # a kill after the last checkpoint: the report from its record, before the card
     weights = s.acc.get_state_dict(s.model)  # the full state dict: a collective under FSDP/ZeRO-3
     if s.acc.is_main_process:
         print(f"--resume: {ckpt} is at {saved.describe()}, the end of a {s.total_steps}-step run; "
