@@ -201,8 +201,9 @@ def finish(s, st, totals: dict) -> dict:
     print(f"label audit: {info['flagged']:,} of {info['documents']:,} train documents flagged as likely mislabeled "
           f"(area under the margin < {THRESHOLD:g}; {per}); ranked in {s.run_dir / REPORT}", flush=True)
     if info["unseen_rows"]:
-        print(f"label audit: {info['unseen_rows']:,} train rows were never seen in training (train.max_steps ends "
-              f"before the epoch does) and are not in the report", file=sys.stderr, flush=True)
+        print(f"label audit: {info['unseen_rows']:,} train rows were never seen in training (each epoch leaves out the "
+              f"rows that do not fill a last global batch; train.max_steps may end before an epoch does) and are not "
+              f"in the report", file=sys.stderr, flush=True)
     return info
 
 
