@@ -213,4 +213,4 @@ def read_summary(run_dir: Path) -> dict | None:
     if not path.is_file():
         return None
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return summary(rows, [], 0)
+    return summary(rows, sorted({r["label"] for r in rows}), 0)  # the classes by name: the report has no id order

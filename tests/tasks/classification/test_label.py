@@ -115,3 +115,13 @@ def test_the_review_files_bytes_are_in_the_label_stages_fingerprint(tmp_path):
     assert before != data_config_fingerprint(load_config(None), tasks.get(cfg.task))
     _review(tmp_path, "id,label\ni0,yes\n")
     assert data_config_fingerprint(cfg, tasks.get(cfg.task)) != before
+
+
+def test_the_model_card_counts_what_the_review_changed():
+    from pipeline.tasks import classification
+
+    stats = {"label_names": ["no", "yes"], "class_counts": {"train": {"no": 3, "yes": 0}},
+             "review": {"file": "r.csv", "sha256": "x", "relabeled": 1, "dropped": 2, "unchanged": 3}}
+    lines = classification.card_data({"label": {"stats": stats}})
+    assert "- **Reviewed labels** (label.review_file r.csv): 1 document(s) relabelled, 2 dropped, 3 confirmed." in lines
+    assert not any("Reviewed" in line for line in classification.card_data({"label": {"stats": {**stats, "review": None}}}))
