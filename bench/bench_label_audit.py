@@ -131,6 +131,8 @@ def main() -> None:
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-cleanlab", action="store_true")
+    ap.add_argument("--only-cleanlab", action="store_true", help="the cleanlab folds alone, beside an earlier run's "
+                    "noisy/ folder (same --out, --sample, --epochs, --noise, --seed)")
     a = ap.parse_args()
     b = Bench(a)
     print(f"cpu: {describe_cpu()}", flush=True)
@@ -143,6 +145,14 @@ def main() -> None:
     noise = {d: rng.choice([n for n in names if n != given[d]]) for d in flipped}
     noisy = {**given, **noise}
     print(f"train documents {len(ids)}, flipped {len(flipped)}", flush=True)
+    if a.only_cleanlab:
+        noisy_over = [f"output_dir={b.out / 'noisy'}", *b.common, f"label.review_file={b.out / 'noise.csv'}",
+                      "train.label_audit=true"]
+        found, trained, total = _cleanlab(b, noise, ids, noisy, names, noisy_over)
+        n, p, r, f1 = _prf(found, set(flipped))
+        print(f"| cleanlab 2.9 find_label_issues, {a.folds}-fold out-of-sample | {n} | {p:.3f} | {r:.3f} | {f1:.3f} | "
+              f"{trained:.0f} |\ncleanlab: {trained:.0f} s of training, {total:.0f} s in all", flush=True)
+        return
 
     runs = {}
     over, _ = b.folder("clean", None)

@@ -4,10 +4,10 @@ Data using the Area Under the Margin Ranking", NeurIPS 2020) of every train exam
 Each time a train row goes through the model in training, its margin (the task's Task.margins: its given label's
 logit minus the largest other) is added to that row's sum and its logits to its logit sums; AUM is the mean margin
 over the times it was seen. A mislabeled example is learned late, against the rest of its class, so its margin stays
-low or negative for most of the run; a hard but correct one climbs earlier. The cut needs no tuning: a document whose
-AUM is below 0 is flagged, the model having ranked another class above the given one on average over the whole run
-(docs/label-audit.md says why not AUM's fake-class threshold: it would change the user's model). The training itself
-is not changed: the logits are the loss's own.
+low or negative for most of the run; a hard but correct one climbs earlier. How many are flagged needs no tuning:
+of each given class, as many as confident learning's count of issues on the run's mean logits, lowest AUM first
+(issues_per_class, flag; docs/label-audit.md says why not AUM's fake-class threshold: it would change the user's
+model). The training itself is not changed: the logits are the loss's own.
 
 The record is per row of this process's batches (which rows a micro-batch holds is a pure function of the seed, the
 epoch and the micro-batch index, batching.epoch_order); the processes' records are summed (one all-reduce) when a
@@ -30,7 +30,7 @@ from pipeline.training import batching
 
 AUDIT_FILE = "label_audit.npz"  # in a checkpoint folder: the summed record (margin, seen, logits) of every process
 REPORT = "label_audit.jsonl"  # in the run folder: the train documents, most suspicious first
-THRESHOLD = 0.0  # AUM below it: flagged (the given label lost to another class on average over the run)
+METHOD = "aum-ranked, confident-joint count"  # the report's method (metrics.jsonl's event, the card)
 
 
 class LabelAudit:
@@ -181,7 +181,7 @@ def summary(rows: list[dict], names: list[str], unseen: int) -> dict:
         c["documents"] += 1
         c["flagged"] += r["flagged"]
     flagged = sum(r["flagged"] for r in rows)
-    return {"method": "aum", "threshold": THRESHOLD, "documents": len(rows), "flagged": flagged,
+    return {"method": METHOD, "documents": len(rows), "flagged": flagged,
             "unseen_rows": unseen, "per_class": per_class}
 
 
@@ -199,7 +199,8 @@ def finish(s, st, totals: dict) -> dict:
     s.acc.log(scalars, step=st.step)
     per = ", ".join(f"{n} {c['flagged']}" for n, c in info["per_class"].items())
     print(f"label audit: {info['flagged']:,} of {info['documents']:,} train documents flagged as likely mislabeled "
-          f"(area under the margin < {THRESHOLD:g}; {per}); ranked in {s.run_dir / REPORT}", flush=True)
+          f"(per class, confident learning's count of the lowest area-under-the-margin ones: {per}); ranked in "
+          f"{s.run_dir / REPORT}", flush=True)
     if info["unseen_rows"]:
         print(f"label audit: {info['unseen_rows']:,} train rows were never seen in training (each epoch leaves out the "
               f"rows that do not fill a last global batch; train.max_steps may end before an epoch does) and are not "

@@ -238,8 +238,9 @@ def _audit_lines(run_dir: Path) -> list[str]:
     per = ", ".join(f"{markdown(n)} {c['flagged']:,} of {c['documents']:,}" for n, c in found["per_class"].items())
     return ["## Label audit", "",
             f"Area under the margin over training (Pleiss et al. 2020; train.label_audit, docs/label-audit.md): "
-            f"{found['flagged']:,} of {found['documents']:,} train documents flagged as likely mislabeled (AUM < "
-            f"{found['threshold']:g}); per given class: {per}. The ranked list is the run's "
+            f"{found['flagged']:,} of {found['documents']:,} train documents flagged as likely mislabeled (of each "
+            f"given class, the confident-joint count of issues (Northcutt et al. 2021), lowest AUM first); per given "
+            f"class: {per}. The ranked list is the run's "
             f"`{audit.REPORT}`; the training was not changed by it.", ""]
 
 
