@@ -24,7 +24,8 @@ FREE_ON_RESUME = {"epochs", "max_steps", "early_stopping_patience", "early_stopp
                   "log_every", "metric_for_best", "nan_policy", "max_nan_in_a_row", "num_workers", "allow_slow_bf16",
                   "collective_timeout_s", "detect_anomaly", "max_minutes",  # a budget's steps are kept on resume
                   "init_from",  # a resume's weights come from its checkpoint
-                  "report_to", "experiment"}  # trackers watch the run; a resume may add or drop one
+                  "report_to", "experiment",  # trackers watch the run; a resume may add or drop one
+                  "label_audit"}  # reads the logits only; turned on at a resume, audit.LabelAudit.load refuses it
 
 
 @dataclass
