@@ -121,6 +121,27 @@ def _cleanlab(b: Bench, noise_review: dict, ids: list[str], noisy: dict, names: 
     return {d for d, bad in zip(order, issues) if bad}, trained, time.perf_counter() - start
 
 
+def _full_test(b: Bench, trained: set) -> None:
+    """The clean, noisy and fixed final models on the whole data's test split (prepared without source.sample), less
+    any document in the sample's train split: document accuracy and macro-F1 from each documents.jsonl."""
+    from sklearn.metrics import f1_score
+
+    over = [f"output_dir={b.out / 'full-data'}"]
+    print(f"prepare (full): {_run('pipeline/prepare.py', '--config', b.a.config, '--quiet', *over):.0f} s", flush=True)
+    print("| run | test documents | test accuracy | test macro-F1 |\n|---|---|---|---|")
+    for name in ("clean", "noisy", "fixed"):
+        final = b.out / name / "run" / "final"
+        _run("pipeline/evaluate.py", "--config", b.a.config, "--quiet", "--split", "test", "--checkpoint", str(final),
+             *over)
+        folder = next((b.out / "full-data" / "run" / "eval").glob("test-*"))
+        rows = [json.loads(line) for line in (folder / "documents.jsonl").read_text().splitlines()]
+        shutil.rmtree(folder)
+        rows = [r for r in rows if r["id"] not in trained]
+        y, p = [r["label"] for r in rows], [r["prediction"] for r in rows]
+        acc = sum(t == q for t, q in zip(y, p)) / len(rows)
+        print(f"| {name} | {len(rows)} | {acc:.4f} | {f1_score(y, p, average='macro'):.4f} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/default.yaml")
@@ -131,6 +152,8 @@ def main() -> None:
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-cleanlab", action="store_true")
+    ap.add_argument("--full-test", action="store_true", help="score an earlier run's clean, noisy and fixed models on "
+                    "the full config's test split, less the documents the sample trained on (a test set 30x larger)")
     ap.add_argument("--only-cleanlab", action="store_true", help="the cleanlab folds alone, beside an earlier run's "
                     "noisy/ folder (same --out, --sample, --epochs, --noise, --seed)")
     a = ap.parse_args()
@@ -145,6 +168,9 @@ def main() -> None:
     noise = {d: rng.choice([n for n in names if n != given[d]]) for d in flipped}
     noisy = {**given, **noise}
     print(f"train documents {len(ids)}, flipped {len(flipped)}", flush=True)
+    if a.full_test:
+        _full_test(b, set(ids))
+        return
     if a.only_cleanlab:
         noisy_over = [f"output_dir={b.out / 'noisy'}", *b.common, f"label.review_file={b.out / 'noise.csv'}",
                       "train.label_audit=true"]
