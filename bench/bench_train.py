@@ -277,6 +277,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--extra", action="append", default=[])
     p.add_argument("--only", action="append", default=[], help="run only variants whose name starts with this (repeatable)")
+    p.add_argument("--skip", action="append", default=[], help="leave out variants whose name contains this (repeatable)")
     args = p.parse_args()
     if args.variant:
         return child(args)
@@ -304,6 +305,7 @@ def main() -> None:
     }
     if args.only:
         variants = {k: v for k, v in variants.items() if k == "matmul" or any(k.startswith(o) for o in args.only)}
+    variants = {k: v for k, v in variants.items() if not any(x in k for x in args.skip)}
     res: dict = {}
     for _ in range(args.rounds):  # interleaved rounds, best of each: the CPU is shared and drifts
         for name, (variant, config, steps, warm, batch, extra) in variants.items():

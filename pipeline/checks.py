@@ -32,10 +32,13 @@ def validate(cfg: Config) -> None:
 
 def _check_loss_settings(cfg: Config, task) -> None:
     """train.label_smoothing needs a task with a loss of targets to smooth (Task.weighted_loss), train.class_weights
-    one with classes to weigh (Task.class_counts)."""
+    one with classes to weigh (Task.class_counts), train.label_audit and label.review_file one with a single label
+    per row (Task.margins; docs/label-audit.md)."""
     t = cfg.train
     for key, on, field, what in (("train.label_smoothing", t.label_smoothing, "weighted_loss", "targets to smooth"),
-                                 ("train.class_weights", t.class_weights, "class_counts", "classes to weigh")):
+                                 ("train.class_weights", t.class_weights, "class_counts", "classes to weigh"),
+                                 ("train.label_audit", t.label_audit, "margins", "single label per row to audit"),
+                                 ("label.review_file", cfg.label.review_file, "margins", "single label per row to review")):
         if on and getattr(task, field) is None:
             takers = ", ".join(name for name, other in tasks.TASKS.items() if getattr(other, field) is not None)
             raise ConfigError(f"{key}: task={cfg.task} has no {what}; it applies to {takers}")

@@ -126,6 +126,9 @@ class LabelConfig:
                            "tuned threshold replaces it", bounds="(0, 1)")
     tune_thresholds: bool = opt(True, "task=multilabel: each label's threshold tuned for its F1 on validation at "
                                 "the end of training, and saved with the model (config.json)")
+    review_file: str = opt("", "a reviewed label list (.csv with columns id,label, or .jsonl of {id, label}): each "
+                           "listed document takes the class named, or is dropped where label is 'drop' (every row of "
+                           "the id, in any split); counted in the label manifest and the model card. Empty = none")
     scale: list = opt([], "task=regression: [low, high], the targets' range as the data states it (STS-B: [0, 5]); a "
                       "target outside it is an error; empty = the range found, recorded in the label manifest")
 
@@ -257,6 +260,10 @@ class TrainConfig:
                                        bounds="[0, inf)")
     early_stopping_delta: float = opt(0.0, "the least change of metric_for_best that counts as an improvement for "
                                       "early stopping", bounds="[0, inf)")
+    label_audit: bool = opt(False, "record each train example's margin (its label's logit minus the largest other) "
+                            "every time it is seen, and write run/label_audit.jsonl at the end: the train documents "
+                            "ranked by area under the margin, those below 0 flagged as likely mislabeled "
+                            "(docs/label-audit.md; tasks with one label per row). The training is unchanged")
     metric_for_best: str = opt("accuracy", "validation metric that ranks checkpoints, one of the task's (classification: "
                                "accuracy, macro_f1, loss)")
     log_every: int = opt(10, "log training metrics every N steps", bounds="[1, inf)")

@@ -94,6 +94,10 @@ class Task:
     max_tokens: Callable[[Any, dict], int] | None = None
     # the setting that bounds max_tokens, which an error about it names (causal_lm: lm.block_size)
     max_tokens_setting: str = "tokenize.max_length"
+    # train.label_audit: (a micro-batch's logits (rows, k), its targets) -> (rows,) float32, each row's margin, its
+    # given label's logit minus the largest other (Pleiss et al. 2020; negative: the model prefers another class);
+    # None: the task has no single given label to audit (multilabel, regression, causal_lm)
+    margins: Callable[..., Any] | None = None
     # k, the width of `outputs`' (rows, k), which a process with no rows to predict still needs for the gather;
     # 0: a sequence classifier's model.config.num_labels
     output_width: int = 0

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pipeline import artifacts, tasks
 from pipeline.escape import markdown, markdown_code
-from pipeline.training import trackers
+from pipeline.training import audit, trackers
 from pipeline.training.rundir import read_records
 
 CARD = "README.md"
@@ -73,6 +73,7 @@ def render(cfg, run_dir: Path) -> str:
         f"{' at commit ' + info['git_commit'][:12] if info.get('git_commit') else ''}.", "",
         "## Data", "", *_data_lines(cfg, task, data), "",
         "## Training", "", *_training_lines(cfg, state, info), "",
+        *_audit_lines(run_dir),
         "## Evaluation", "", *_evaluation_lines(state, evaluations, figures, run_dir), "",
         "## Use", "", *_use_lines(cfg, task, run_dir, adapter_only), "",
     ])
@@ -227,6 +228,20 @@ def _training_lines(cfg, state: dict, info: dict) -> list[str]:
         rows.append(("LoRA", f"r {p.r}, alpha {p.alpha:g}, dropout {p.dropout:g}, targets "
                              f"{markdown(', '.join(p.target_modules)) or 'peft default'}"))
     return ["| setting | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
+
+
+def _audit_lines(run_dir: Path) -> list[str]:
+    """train.label_audit's section: the train documents flagged as likely mislabeled, in all and per class."""
+    found = audit.read_summary(run_dir)
+    if found is None:
+        return []
+    per = ", ".join(f"{markdown(n)} {c['flagged']:,} of {c['documents']:,}" for n, c in found["per_class"].items())
+    return ["## Label audit", "",
+            f"Area under the margin over training (Pleiss et al. 2020; train.label_audit, docs/label-audit.md): "
+            f"{found['flagged']:,} of {found['documents']:,} train documents flagged as likely mislabeled (of each "
+            f"given class, the confident-joint count of issues (Northcutt et al. 2021), lowest AUM first); per given "
+            f"class: {per}. The ranked list is the run's "
+            f"`{audit.REPORT}`; the training was not changed by it.", ""]
 
 
 def _schedule(t) -> str:

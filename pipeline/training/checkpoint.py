@@ -47,10 +47,11 @@ def rng_file(rank: int) -> str:
 
 
 def save_checkpoint(acc, root: Path, name: str, model, optimizer, scheduler, state: dict,
-                    run_id: str | None = None) -> Path:
+                    run_id: str | None = None, extra=None) -> Path:
     """Every process calls this at the same step; returns the complete checkpoint's path. `model` and
     `optimizer` are the prepared ones: save_state saves what accelerate prepared. `run_id`: the run that makes
-    it (the main process's), recorded in its manifest (rundir.belongs)."""
+    it (the main process's), recorded in its manifest (rundir.belongs). `extra`: a function of the folder being
+    written that the main process calls to add its own files (train.label_audit's record), before the manifest."""
     final, tmp = root / name, root / f".{name}.tmp"
     acc.wait_for_everyone()
     if acc.is_main_process:
@@ -63,6 +64,8 @@ def save_checkpoint(acc, root: Path, name: str, model, optimizer, scheduler, sta
         if acc.is_main_process:
             write_json_atomic(tmp / SCHEDULER, state_io.plain_state(scheduler.state_dict(), "scheduler"))
             write_json_atomic(tmp / STATE, {**state, "format": FORMAT})
+            if extra is not None:
+                extra(tmp)
     except artifacts.write_errors() as e:  # a full disk: torch says "unexpected pos" or "file write failed"
         full = artifacts.no_space_error(root, checkpoint_bytes(root, model), f"checkpoint {name}", e,
                                       then="continue the run with --resume auto (the checkpoints before it are intact)")

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from pipeline import artifacts
 from pipeline.config import Config
-from pipeline.training import batching, checkpoint, memory, signals, trackers
+from pipeline.training import audit, batching, checkpoint, memory, signals, trackers
 from pipeline.training.setup import Setup, export_final, final_config, prepare_run
 from pipeline.training.state_io import TrainState
 
@@ -82,7 +82,7 @@ def _run(s: Setup, st: TrainState, stop: signals.StopFlag) -> int:
     while code is None and st.step < s.total_steps and not _stopped_early(s, st):
         for batch, weight in _weighted(s, _epoch_batches(s, st)):
             with acc.accumulate(s.model), anomaly_mode:
-                loss = s.loss(batch)  # mean over this micro-batch
+                loss = s.loss(batch, (st.epoch, st.batch_in_epoch))  # mean over this micro-batch
                 if weight is not None:  # its share of the step's targets on every process (see _weighted)
                     loss = loss * weight
                 acc.backward(loss)
@@ -290,7 +290,8 @@ def _write_samples(s: Setup, step: int, samples: list[dict]) -> None:
 def _save(s: Setup, st: TrainState) -> None:
     """A checkpoint of this step (its state.json: st.to_json()), then rotation."""
     name = f"step-{st.step:07d}"
-    checkpoint.save_checkpoint(s.acc, s.ckpt_root, name, s.model, s.optimizer, s.scheduler, st.to_json(), s.run_id)
+    checkpoint.save_checkpoint(s.acc, s.ckpt_root, name, s.model, s.optimizer, s.scheduler, st.to_json(), s.run_id,
+                               extra=audit.checkpoint_writer(s))  # train.label_audit's record, all ranks summed
     if s.acc.is_main_process:
         checkpoint.rotate(s.ckpt_root, s.cfg.train.keep_last, s.cfg.train.keep_best)
     trackers.flush(s.acc)
@@ -322,6 +323,7 @@ def _restore_best(s: Setup, st: TrainState) -> dict:
 def _finish(s: Setup, st: TrainState) -> int:
     """After the last step: the final export (a checkpoint of the last step exists already); after an early stop,
     the best checkpoint's model."""
+    audit.at_end(s, st)  # train.label_audit: run/label_audit.jsonl, before the card that counts it
     at = _restore_best(s, st) if _stopped_early(s, st) else {"step": st.step, "epoch": st.epoch}
     settings = final_config(s)
     weights = s.acc.get_state_dict(s.model)  # the full state dict: a collective under FSDP/ZeRO-3

@@ -15,7 +15,7 @@ from pipeline import accel, artifacts, tasks
 from pipeline.config import Config, TrainConfig
 from pipeline.inference import backends, padding
 from pipeline.models import lora
-from pipeline.training import batching, budget, build, card, checkpoint, rundir, trackers
+from pipeline.training import audit, batching, budget, build, card, checkpoint, rundir, trackers
 from pipeline.training.state_io import Best, TrainState
 
 # train settings that do not change the sequence of updates: free to change on resume
@@ -24,7 +24,8 @@ FREE_ON_RESUME = {"epochs", "max_steps", "early_stopping_patience", "early_stopp
                   "log_every", "metric_for_best", "nan_policy", "max_nan_in_a_row", "num_workers", "allow_slow_bf16",
                   "collective_timeout_s", "detect_anomaly", "max_minutes",  # a budget's steps are kept on resume
                   "init_from",  # a resume's weights come from its checkpoint
-                  "report_to", "experiment"}  # trackers watch the run; a resume may add or drop one
+                  "report_to", "experiment",  # trackers watch the run; a resume may add or drop one
+                  "label_audit"}  # reads the logits only; turned on at a resume, audit.LabelAudit.load refuses it
 
 
 @dataclass
@@ -57,24 +58,28 @@ class Setup:
     loss_weights: Any = None  # train.class_weights as a tensor of one weight per class, or None (equal)
     loss_fn: Any = None  # the task's own training loss (Task.training_loss), or None: the model's
     forward: Any = None  # what training and validation call: the model, or under train.compile its compiled forward
+    audit: Any = None  # train.label_audit: this process's audit.LabelAudit record, or None
 
     @property
     def ckpt_root(self) -> Path:
         return self.run_dir / "checkpoints"
 
-    def loss(self, batch: dict):
+    def loss(self, batch: dict, seen: tuple[int, int] | None = None):
         """A micro-batch's mean loss, as the loop and the time-budget probe take it: the task's own
         (Task.training_loss: causal_lm's fused output layer and cross-entropy, smoothing included), else the model's
         own, or with train.label_smoothing or train.class_weights the task's weighted loss of the model's logits
-        (Task.weighted_loss). Through `forward`: the compiled model under train.compile."""
+        (Task.weighted_loss). Through `forward`: the compiled model under train.compile. `seen`: the micro-batch's
+        (epoch, index in it), where train.label_audit records its logits (its rows are a function of the two)."""
         t = self.cfg.train
         if self.loss_fn is not None:
             return self.loss_fn(self.forward, batch, t.label_smoothing)
-        if not (t.label_smoothing or self.loss_weights is not None):
-            return self.forward(**batch).loss
-        inputs = {k: v for k, v in batch.items() if k != "labels"}
-        return self.task.weighted_loss(self.forward(**inputs).logits, batch["labels"], self.loss_weights,
-                                       t.label_smoothing)
+        plain = not (t.label_smoothing or self.loss_weights is not None)
+        out = self.forward(**(batch if plain else {k: v for k, v in batch.items() if k != "labels"}))
+        if self.audit is not None and seen is not None:
+            self.audit.see(out.logits, batch["labels"], *seen)
+        if plain:
+            return out.loss
+        return self.task.weighted_loss(out.logits, batch["labels"], self.loss_weights, t.label_smoothing)
 
 
 def _fingerprints(cfg: Config, data_fp: str, mp: str) -> dict:
@@ -314,7 +319,19 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, precision: build.Preci
                  steps_per_epoch=spe, precision=precision, log=log, config_path=config_path, base=base,
                  eval_precision=backends.resolve(cfg.eval, acc.device.type, precision.run),
                  loss_weights=None if weights is None else weights.to(acc.device), loss_fn=loss_fn,
-                 forward=forward)
+                 forward=forward, audit=_audit(cfg, task, train_ds, prep.info, acc))
+
+
+def _audit(cfg: Config, task, train_ds, info: dict, acc):
+    """train.label_audit: an empty record of every train row (its rows' batches are this process's), or None."""
+    if not cfg.train.label_audit:
+        return None
+    import numpy as np
+
+    t = cfg.train
+    return audit.LabelAudit(len(train_ds), len(info.get("label_names") or ()), task.margins,
+                            np.asarray(train_ds["length"][:], dtype=np.int64), t.seed, t.batch_size,
+                            acc.num_processes, acc.process_index, t.group_by_length)
 
 
 def class_weights(t, task, train_ds, info: dict):
@@ -376,6 +393,8 @@ def _start_state(s: Setup, ckpt: Path | None, saved: TrainState | None, fps: dic
                          f"config's is {lora.describe_base(fps.get('base'))}; resume with the base it was "
                          f"trained on, or start a new output_dir")
     checkpoint.load_checkpoint(s.acc, ckpt, s.model, s.optimizer, s.scheduler)  # RNG last: nothing draws after
+    if s.audit is not None:
+        s.audit.load(ckpt)
     # metric_for_best is free on resume: this run's metric and direction, the saved best value and step
     best = Best.of(metric, s.task.metrics[metric], saved.best.value, saved.best.step)
     return replace(saved, total_steps=s.total_steps, num_processes=s.acc.num_processes, fingerprints=fps, best=best)
@@ -395,6 +414,8 @@ def final_config(s: Setup) -> dict:
 
 def _nothing_to_do(s: Setup, ckpt: Path, saved: TrainState) -> None:
     settings = final_config(s) if not (s.run_dir / "final" / "config.json").is_file() else {}
+    if not (s.run_dir / "final" / "config.json").is_file():
+        audit.at_end(s, saved)  # a kill after the last checkpoint: the report from its record, before the card
     weights = s.acc.get_state_dict(s.model)  # the full state dict: a collective under FSDP/ZeRO-3
     if s.acc.is_main_process:
         print(f"--resume: {ckpt} is at {saved.describe()}, the end of a {s.total_steps}-step run; "

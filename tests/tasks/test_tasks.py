@@ -39,7 +39,7 @@ def test_every_field_of_the_contract_is_filled_by_every_task():
     assert [f.name for f in dataclasses.fields(Task) if f.name not in names] == [
         "outputs", "loss_tokens", "samples", "weighted_loss", "class_counts", "training_loss", "check_settings", "peft_task_type", "head", "final_config", "strata",
         "pipeline_tag", "model_kind", "card_data", "card_metrics", "sections", "pairs", "max_tokens",
-        "max_tokens_setting", "output_width", "cpu_bf16_attention"]
+        "max_tokens_setting", "margins", "output_width", "cpu_bf16_attention"]
     for name, task in tasks.TASKS.items():
         assert task.name == name
         assert all(getattr(task, f) is not None for f in names), name

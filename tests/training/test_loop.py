@@ -66,7 +66,8 @@ def test_an_in_process_stop_and_resume_equals_the_uninterrupted_run(prepared, fr
     """The fast tier's member of test_resume_kill.py's property (there: real processes, SIGKILL, crashes in saves):
     a SIGTERM to this process after step 6 (the loop finishes step 7, mid-epoch and between checkpoints, saves it
     and returns 75), then a resume: per-step loss, lr, grad norm, eval metrics and final weights == the uninterrupted run's (dropout on,
-    grad_accum 2, length-grouped batches)."""
+    grad_accum 2, length-grouped batches); and so is the label audit (train.label_audit: its record through the
+    checkpoint, the same label_audit.jsonl byte for byte)."""
     import os
     import signal
 
@@ -74,7 +75,8 @@ def test_an_in_process_stop_and_resume_equals_the_uninterrupted_run(prepared, fr
     from tests.accelkit import reset
     from tests.training.trainkit import final_weights, trajectory
 
-    config = prepared(train={"epochs": 2, "grad_accum": 2, "save_every": 4, "eval_every": 5, "group_by_length": True})
+    config = prepared(train={"epochs": 2, "grad_accum": 2, "save_every": 4, "eval_every": 5, "group_by_length": True,
+                             "label_audit": True})
     ref = clone_prepared(config, tmp_path / "ref")
     assert train(load_config(ref), str(ref)) == signals.EXIT_OK
     real = loop._log_train
@@ -94,6 +96,8 @@ def test_an_in_process_stop_and_resume_equals_the_uninterrupted_run(prepared, fr
     assert trajectory(run_dir(config)) == trajectory(run_dir(ref)) and len(trajectory(run_dir(ref))) == 24
     a, b = final_weights(run_dir(config)), final_weights(run_dir(ref))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    report = (run_dir(config) / "label_audit.jsonl").read_text()
+    assert report == (run_dir(ref) / "label_audit.jsonl").read_text() and len(report.splitlines()) == 160
 
 
 def test_trainings_last_validation_equals_evaluate_on_the_validation_split(prepared, fresh_accelerate):

@@ -102,9 +102,10 @@ def equivalence(base, tmp_path_factory):
     """One process at batch 16 (no gradient checkpointing; in this process) and two at batch 8 (with it; forked
     ranks), dropout off."""
     one, two = _clone(base, tmp_path_factory, "one"), _clone(base, tmp_path_factory, "two")
-    multi = fork_launch_ranks(two, "model.dropout=0.0")
+    multi = fork_launch_ranks(two, "model.dropout=0.0", "train.label_audit=true")
     try:
-        single = train_here(one, "model.dropout=0.0", "train.batch_size=16", "train.gradient_checkpointing=false")
+        single = train_here(one, "model.dropout=0.0", "train.batch_size=16", "train.gradient_checkpointing=false",
+                            "train.label_audit=true")
     finally:
         codes = wait_ranks(multi, timeout=300)
     assert [single, *codes] == [0, 0, 0], log_text(one)[-2000:] + _ranks_log(two)[-3000:]
@@ -122,6 +123,20 @@ def test_two_processes_match_one_process_with_the_same_global_batch(equivalence)
     assert wa.keys() == wb.keys()
     assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= TOL
     assert np.std([x for _, x in a]) > 100 * TOL  # losses vary from batch to batch far more than the tolerance
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_label_audit_of_one(equivalence):
+    """train.label_audit: each rank records its own rows, summed at the end (and in every checkpoint): every train row
+    seen as often as in one process, the same AUM within the runs' tolerance, the same ranking and flags."""
+    one, two = equivalence
+    a, b = ([json.loads(line) for line in (run_dir(c) / "label_audit.jsonl").read_text().splitlines()] for c in (one, two))
+    assert len(a) == len(b) == 160 and all(r["seen"] == 2 for r in a + b)  # 2 epochs, every row once each
+    by_id = {r["id"]: r for r in b}
+    assert max(abs(r["aum"] - by_id[r["id"]]["aum"]) for r in a) <= 10 * TOL
+    assert [(r["id"], r["flagged"], r["most_likely"]) for r in a] == [(r["id"], r["flagged"], r["most_likely"]) for r in b]
+    saved = [np.load(p / "label_audit.npz")["seen"].sum() for p, _ in checkpoint.complete_checkpoints(run_dir(two) / "checkpoints")]
+    assert saved and all(n % 16 == 0 and n > 0 for n in saved)  # both ranks' rows, 16 per step
 
 
 @pytest.mark.slow

@@ -195,13 +195,14 @@ def _healthy(run) -> str:
 def test_the_whole_kill_matrix_on_a_classifier_equals_the_uninterrupted_run(tmp_path, configs):
     """NaN halt, resume from the named checkpoint, SIGKILL at a random step, SIGKILL inside a save after the
     weights / before the rename (manifest written) / during rotation, SIGTERM at a random step (exit 75 and a
-    checkpoint at that step), the last resume: the run equals the one never interrupted, with <= 3 checkpoints.
+    checkpoint at that step), the last resume: the run equals the one never interrupted, with <= 3 checkpoints, and
+    so does its label audit (train.label_audit on both).
     The uninterrupted run is started by `accelerate launch` (fresh processes, not forked). Also guards what
     test_kill_chain_equals_uninterrupted_run[classification] (two chains: SIGKILL, SIGKILL, SIGTERM; and the
     three crash points), test_a_nan_halt_..._never_met_it[classification] and test_signals.py's
     test_accelerate_launch_runs_train_py (it trains and exports: "1 process(es), precision no") guarded."""
     rng = _seed()
-    ref_cfg, cfg = configs(tmp_path, ("ref", "chain"))
+    ref_cfg, cfg = configs(tmp_path, ("ref", "chain"), train={"label_audit": True})
     ref = _accelerate_launch(ref_cfg)  # the uninterrupted run, alongside, as the README starts one
     chain = Chain(cfg)
     chain.nan_halt()
@@ -221,6 +222,8 @@ def test_the_whole_kill_matrix_on_a_classifier_equals_the_uninterrupted_run(tmp_
     _assert_same_run(run_dir(ref_cfg), chain.run)
     kept = checkpoint.complete_checkpoints(chain.run / "checkpoints")
     assert kept[-1][1]["step"] == 30 and len(kept) <= 3  # keep_last 2 + keep_best 1
+    # train.label_audit: the record rode through every checkpoint; the report is the uninterrupted run's, byte for byte
+    assert (chain.run / "label_audit.jsonl").read_bytes() == (run_dir(ref_cfg) / "label_audit.jsonl").read_bytes()
 
 
 def test_a_causal_lm_run_halted_by_nan_killed_and_crashed_in_a_save_equals_the_uninterrupted_run(tmp_path, configs):

@@ -33,3 +33,10 @@ def test_a_setting_newer_than_the_checkpoint_counts_as_its_default():
 def test_init_from_is_free_on_resume():
     state, _ = _state(load_config(None))
     check_resumable(state, fingerprints(load_config(None, ["train.init_from=/elsewhere/final"]), "data"), 1, "ckpt")
+
+
+def test_label_audit_is_free_on_resume():
+    """train.label_audit reads the logits and changes no update: a resume may turn it off (no report) or on (then the
+    checkpoint must hold its record, audit.LabelAudit.load, tested in test_audit.py)."""
+    state, _ = _state(load_config(None))
+    check_resumable(state, fingerprints(load_config(None, ["train.label_audit=true"]), "data"), 1, "ckpt")

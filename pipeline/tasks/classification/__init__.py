@@ -7,13 +7,15 @@ from pipeline.data.engines.base import Stage
 from pipeline.data.stages import tokenize as tokenize_stage
 from pipeline.escape import markdown
 from pipeline.task import Task
-from pipeline.tasks.classification import collate, evaluate, label, model, report, score
+from pipeline.tasks.classification import collate, evaluate, label, model, report, review, score
 
 METRICS = {"accuracy": True, "macro_f1": True, "loss": False}  # metric_for_best: True where higher is better
 
 
 def stages(cfg, tokenize: Stage) -> list[Stage]:
-    return [Stage("label", label.label, cfg.label), tokenize]
+    # the review file's bytes are in the label stage's fingerprint: an edited file never reuses a stale cache
+    uses = (review.fingerprint(cfg.label.review_file),) if cfg.label.review_file else ()
+    return [Stage("label", label.label, cfg.label, uses=uses), tokenize]
 
 
 def data_info(manifests: dict) -> dict:
@@ -46,6 +48,10 @@ def card_data(manifests: dict) -> list[str]:
     stats = manifests.get("label", {}).get("stats")
     counts = (stats or {}).get("class_counts", {}).get("train", {})
     lines = ["- **Classes in train**: " + ", ".join(f"{markdown(k)} {v:,}" for k, v in counts.items()) + "."] if stats else []
+    reviewed = (stats or {}).get("review")
+    if reviewed:
+        lines.append(f"- **Reviewed labels** (label.review_file {markdown(reviewed['file'])}): {reviewed['relabeled']:,} "
+                     f"document(s) relabelled, {reviewed['dropped']:,} dropped, {reviewed['unchanged']:,} confirmed.")
     return lines + ([tokenize_stage.card_line(manifests["tokenize"])] if "tokenize" in manifests else [])
 
 
@@ -53,6 +59,15 @@ def card_metrics(metrics: dict) -> list[tuple[str, str, float]]:
     """A model card's figures: document-level accuracy and macro F1 (a document's chunks vote)."""
     d = metrics["document"]
     return [("accuracy", "Accuracy", d["accuracy"]), ("f1", "Macro F1", d["macro_f1"])]
+
+
+def margins(logits, labels):
+    """(rows,) float32: the given label's logit minus the largest other, the margin of Pleiss et al. 2020 (AUM's
+    summand); negative where the model ranks another class first. logits (rows, classes), labels (rows,) long."""
+    z = logits.detach().float()
+    given = z.gather(1, labels[:, None]).squeeze(1)
+    others = z.scatter(1, labels[:, None], float("-inf"))
+    return given - others.max(dim=1).values
 
 
 def weighted_loss(logits, labels, weights, smoothing: float):
@@ -80,6 +95,7 @@ TASK = Task(
     collator=collate.Collator,
     weighted_loss=weighted_loss,
     class_counts=class_counts,
+    margins=margins,
     build_model=model.build_model,
     model_class=model.model_class,
     score=score_logits,

@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 from pipeline.data.engines.base import StageContext, StageResult
 from pipeline.data.engines.ops import SPLITS, TEXT
 from pipeline.schema import LabelConfig
+from pipeline.tasks.classification import review
 
 MISSING = "<missing>"  # how an empty raw label that no rule matched is reported
 
@@ -113,14 +114,17 @@ def label(dd, cfg: LabelConfig, ctx: StageContext) -> StageResult:
         print(f"warning: label.names lists {absent} but no document has that label: the model gets a class it never "
               f"sees (found: {dict(sorted(found.items()))})", file=sys.stderr)
 
+    reviews, reviewed = _reviews(dd, cfg, ctx, names, mapping, rules)
+    fixed = {doc: index.get(label, -1) for doc, (label, _) in reviews.items()}  # review.DROP: -1, dropped
+
     def to_id(batch):
         ids = [index.get(resolve(r, t, mapping, rules), -1) for r, t in zip(batch["label"], batch[TEXT])]
-        return {"label": ids}
+        return {"label": [fixed.get(d, k) for d, k in zip(batch["id"], ids)] if fixed else ids}
 
     out, added = {}, {"label": ClassLabel(names=names)}
     for s in SPLITS:
         # an empty split is built with the final feature: cast_column does nothing on zero rows
-        if bad:  # label.unknown=drop: the map and the filter in one pass (on Ray: tasks write only the kept rows)
+        if bad or -1 in fixed.values():  # dropping: the map and the filter in one pass (on Ray: tasks write only the kept rows)
             kept, _ = ctx.engine.map_filter(dd[s], to_id, added, _known, drop=[], tally=_rows, combine=sum,
                                             desc=f"label {s}")
         else:
@@ -133,7 +137,42 @@ def label(dd, cfg: LabelConfig, ctx: StageContext) -> StageResult:
     # the kept rows are those whose name is a class, so their counts are the counts found (same first-seen order)
     counts = {s: {n: c for n, c in per_split[s][0].items() if n in index} for s in SPLITS}
     stats = {"label_names": names, "class_counts": counts, "classes_without_documents": absent}
+    if reviews:
+        stats["review"], dropped["review_drop"] = _apply_review(reviews, reviewed, counts, cfg.review_file)
     return StageResult(result, {k: v for k, v in dropped.items() if v}, stats)
+
+
+def _reviews(dd, cfg: LabelConfig, ctx: StageContext, names: list, mapping: dict, rules: list) -> tuple[dict, dict]:
+    """label.review_file read and checked against the classes and the data: (id -> (label, where), split -> id ->
+    (rows, its label before the review)); ({}, {}) without a review file."""
+    if not cfg.review_file:
+        return {}, {}
+    reviews = review.read(cfg.review_file)
+    review.check_labels(reviews, names)
+    name_of = functools.partial(resolve, mapping=mapping, rules=rules)
+    return reviews, review.rows_per_split(dd, ctx.engine, reviews, SPLITS, name_of)
+
+
+def _apply_review(reviews: dict, reviewed: dict, counts: dict, path: str) -> tuple[dict, int]:
+    """The review's effect on the per-split class counts (updated in place); returns what the manifest records of it
+    (documents relabelled, dropped, listed with the label they had) and the rows dropped."""
+    relabeled, dropped, unchanged, rows_dropped = 0, 0, 0, 0
+    for split, found in reviewed.items():
+        for doc, (rows, old) in found.items():
+            new = reviews[doc][0]
+            if new == old:
+                unchanged += 1
+                continue
+            if old in counts[split]:
+                counts[split][old] -= rows
+            if new == review.DROP:
+                dropped, rows_dropped = dropped + 1, rows_dropped + rows
+            else:
+                relabeled += 1
+                counts[split][new] = counts[split].get(new, 0) + rows
+    summary = {"file": str(path), "sha256": review.fingerprint(path), "relabeled": relabeled, "dropped": dropped,
+               "unchanged": unchanged}
+    return summary, rows_dropped
 
 
 def check_config(cfg: LabelConfig) -> None:
@@ -143,3 +182,5 @@ def check_config(cfg: LabelConfig) -> None:
     if repeated:
         raise ValueError(f"label.names repeats {', '.join(map(repr, repeated))}; each class is named once")
     compile_rules(cfg.rules)
+    if cfg.review_file:
+        review.read(cfg.review_file)  # a missing file or a malformed row, before any data is read

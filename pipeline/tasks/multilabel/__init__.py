@@ -96,6 +96,7 @@ TASK = dataclasses.replace(
     metrics=METRICS,
     collator=collate.Collator,
     weighted_loss=weighted_loss,
+    margins=None,  # several labels per row, no one given label: train.label_audit and label.review_file refused
     class_counts=class_counts,
     build_model=model.build_model,
     score=score_logits,

@@ -61,6 +61,7 @@ TASK = dataclasses.replace(
     classification.TASK,
     name="regression",
     weighted_loss=None,  # no classes: train.label_smoothing and train.class_weights are refused
+    margins=None,  # no classes: train.label_audit and label.review_file are refused
     class_counts=None,
     stages=stages,
     data_info=data_info,
