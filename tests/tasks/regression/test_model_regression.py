@@ -74,7 +74,7 @@ def test_check_model_refuses_a_classifier():
     classifier = load_config(None, [*TINY, "model.from_scratch=bert"])
     from pipeline.tasks.classification.model import build_model
 
-    with pytest.raises(ValueError, match="it has 3 outputs and problem_type None"):
+    with pytest.raises(ValueError, match="it has 3 outputs and problem_type 'single_label_classification'"):
         check_model(build_model(classifier, _tokenizer(), {"label_names": ["a", "b", "c"]}), INFO, "ckpt")
 
 
