@@ -21,7 +21,7 @@ if __name__ == "__main__":  # run as a file: put the repository root, not pipeli
     import _entrypoint  # noqa: F401
 
 from pipeline.checks import load_config  # noqa: E402
-from pipeline.cli import quiet_libraries  # noqa: E402
+from pipeline.cli import clear_interrupt, quiet_libraries  # noqa: E402
 from pipeline.config import arg_overrides, make_parser  # noqa: E402
 
 READING = ("source",)  # the sections a command line may change: how the new input is read
@@ -51,6 +51,8 @@ def make_predict_parser():
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0: all)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's probability mass")
     parser.add_argument("--seed", type=int, default=0, help="the sampling seed")
+    parser.add_argument("--perplexity", action="store_true", help="causal_lm/instruct with --input: each document's "
+                                                                   "perplexity too")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--verbose", action="store_true", help="also the libraries' progress bars and load reports")
     return parser
@@ -90,26 +92,34 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give one of --input FILE_OR_FOLDER, --prompt/--prompts FILE, or --chat")
     cfg, overrides = config_from_args(args)
     run = predictions.load(cfg)
+    lm = None
+    if run.task.predictions is None:  # the language-model tasks predict text
+        from pipeline.training import build
+
+        tok = build.load_tokenizer(run.prepared.tokenizer_dir, cfg.model.from_scratch)
+        sampling = generate.Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
+        sampling.check()
+        lm = predictions.Generation(tok, sampling, args.perplexity)
+    elif not args.input:
+        parser.error(f"task={run.task.name} scores rows: give --input FILE_OR_FOLDER")
+    elif args.perplexity:
+        parser.error(f"--perplexity: task={run.task.name} is not a language model")
     if args.input:
         path = Path(args.input)
         source = inputs.source_for(cfg.source, path, overrides)
         output = Path(args.output) if args.output else path.with_name(path.name + ".predictions.jsonl")
-        counts = predictions.predict_file(run, path, output, source, int(args.part_mb * 2**20), not args.quiet)
+        counts = predictions.predict_file(run, path, output, source, int(args.part_mb * 2**20), not args.quiet, lm)
         print(json.dumps(counts))
         return 0
-    if run.task.samples is None:
-        parser.error(f"task={run.task.name} scores rows: give --input FILE_OR_FOLDER")
-    from pipeline.training import build
-
-    tok = build.load_tokenizer(run.prepared.tokenizer_dir, cfg.model.from_scratch)
-    sampling = generate.Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
-    model = run.model.eval()
-    if args.chat:
-        return generate.chat(model, tok, run.prepared.info, sampling)
-    prompts = list(args.prompt or [])
-    if args.prompts:
-        prompts += [line for line in Path(args.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
-    rows = generate.answers(model, tok, run.prepared.info, prompts, sampling)
+    with predictions.generation_precision(run):
+        if args.chat:
+            code = generate.chat(run.model.eval(), lm.tok, run.prepared.info, lm.sampling)
+            clear_interrupt()  # Ctrl-C ends a chat as Ctrl-D does: not an interrupted command
+            return code
+        prompts = list(args.prompt or [])
+        if args.prompts:
+            prompts += [line for line in Path(args.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
+        rows = generate.answers(run.model.eval(), lm.tok, run.prepared.info, prompts, lm.sampling)
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     if args.output:
         from pipeline import artifacts
@@ -118,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sys.stdout.write(text)
     return 0
-
 
 if __name__ == "__main__":
     from pipeline.cli import run_main

@@ -79,6 +79,49 @@ def answers(model: Any, tok: Any, info: dict, prompts: list[str], sampling: Samp
             for k, (p, ids) in enumerate(zip(prompts, encoded))]
 
 
+def prompt_messages(text: str, conversational: bool) -> list[dict]:
+    """A row's text as the messages to answer: a conversation up to its last user message, else one user message."""
+    if not conversational:
+        return [{"role": "user", "content": text}]
+    from pipeline.data.io import conversation
+
+    messages = conversation.decode(text)
+    last = max((k for k, m in enumerate(messages) if m["role"] == "user"), default=len(messages) - 1)
+    return messages[: last + 1]
+
+
+def perplexity(model: Any, tok: Any, info: dict, text: str, conversational: bool) -> float | None:
+    """exp of the mean next-token loss over a document's tokens (a conversation rendered by the chat template),
+    cut to the model's positions; None for a document of one token (nothing to predict)."""
+    import math
+
+    import torch
+
+    if conversational and info.get("template"):
+        from pipeline.data.io import conversation
+
+        text = tok.apply_chat_template(conversation.decode(text), tokenize=False)
+    ids = tok(text, return_tensors="pt", truncation=bool(positions(model)), max_length=positions(model))["input_ids"]
+    if ids.shape[1] < 2:
+        return None
+    with torch.inference_mode():
+        return math.exp(float(model(input_ids=ids, labels=ids).loss))
+
+
+def rows(model: Any, tok: Any, info: dict, texts: list[str], conversational: bool, sampling: Sampling,
+         with_perplexity: bool) -> list[dict]:
+    """Each document's generated continuation or answer ("text"), and its perplexity when asked."""
+    encode, out = encoder(tok, info), []
+    for k, text in enumerate(texts):
+        ids = encode(prompt_messages(text, conversational))
+        check_fits(model, int(ids["input_ids"].shape[1]), sampling, f"document {k + 1} of the part")
+        row = {"text": generate(model, tok, ids, sampling)}
+        if with_perplexity:
+            row["perplexity"] = perplexity(model, tok, info, text, conversational)
+        out.append(row)
+    return out
+
+
 def chat(model: Any, tok: Any, info: dict, sampling: Sampling, read: Callable[[str], str] = input,
          write: Callable[[str], None] = print) -> int:
     """An interactive conversation: each turn asked with every earlier one, through the run's chat template; the

@@ -59,23 +59,54 @@ def load(cfg: Any) -> Loaded:
     return Loaded(cfg, task, prepared, ckpt, model)
 
 
+def generation_precision(run: Loaded) -> Any:
+    """Generation in evaluate's precision: bf16 autocast where eval.precision resolves to bf16 (the model stays on
+    the CPU, where generation runs), else fp32."""
+    import torch
+
+    device = torch.device("cpu")
+    precision, _ = backends.resolve(run.cfg.eval, device.type)
+    return backends.autocast(device, precision)
+
+
 def _input_identity(path: Path) -> list:
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     return [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
 
 
-def key(run: Loaded, path: Path, source: Any, part_bytes: int, precision: str, runtime: str) -> str:
+def key(run: Loaded, path: Path, source: Any, part_bytes: int, settings: tuple) -> str:
     """What a resumed output must be a prediction of: the input (its files' paths, sizes and times), the weights (the
-    checkpoint's manifest), how the input is read and cut, and the precision and runtime."""
+    checkpoint's manifest), how the input is read and cut, and the settings (precision, runtime, sampling)."""
     manifest = run.ckpt / artifacts.MANIFEST
     weights = manifest.read_text(encoding="utf-8") if manifest.is_file() else str(run.ckpt.resolve())
-    return artifacts.fingerprint(_input_identity(path), weights, str(source), part_bytes, precision, runtime)
+    return artifacts.fingerprint(_input_identity(path), weights, str(source), part_bytes, str(settings))
 
 
-def _rows(batch: inputs.Batch, outputs: np.ndarray, task: Any, info: dict) -> list[dict]:
-    """One output row per document of the part, in input order: its prediction, or why clean dropped it."""
+@dataclass(frozen=True)
+class Generation:
+    """What the language-model tasks do with a file's rows: generate (and score perplexity) with these."""
+
+    tok: Any
+    sampling: Any  # generate.Sampling
+    perplexity: bool = False
+
+
+def _predicted(run: Loaded, batch: inputs.Batch, model: Any, infer_args: tuple, lm: Generation | None,
+               conversational: bool) -> list[dict]:
+    """The kept documents' predictions, in order: the task's (Task.predictions of the chunks' outputs), or text."""
+    if lm is not None:
+        from pipeline.evaluation import generate
+
+        kept = [t for t, reason in zip(batch.texts, batch.dropped) if not reason]
+        with generation_precision(run):
+            return generate.rows(model, lm.tok, run.prepared.info, kept, conversational, lm.sampling, lm.perplexity)
     docs = batch.rows["doc"]
-    predicted = iter(task.predictions(outputs, docs, info) if docs else [])
+    return run.task.predictions(_outputs(run, model, batch, *infer_args), docs, run.prepared.info) if docs else []
+
+
+def _rows(batch: inputs.Batch, predicted: list[dict]) -> list[dict]:
+    """One output row per document of the part, in input order: its prediction, or why clean dropped it."""
+    predicted = iter(predicted)
     return [{"id": doc_id, "skipped": reason} if reason else {"id": doc_id, **next(predicted)}
             for doc_id, reason in zip(batch.ids, batch.dropped)]
 
@@ -104,21 +135,24 @@ def _count(counts: dict, rows: list[dict], batch: inputs.Batch) -> None:
     counts["empty"] += batch.empty
 
 
-def predict_file(run: Loaded, path: Path, output: Path, source: Any, part_bytes: int, progress: bool = True) -> dict:
-    """Every document of `path` predicted into `output`, part by part (resumable); returns the counts."""
+def predict_file(run: Loaded, path: Path, output: Path, source: Any, part_bytes: int, progress: bool = True,
+                 lm: Generation | None = None) -> dict:
+    """Every document of `path` predicted into `output`, part by part (resumable); returns the counts. `lm`: the
+    language-model tasks' generation settings (they predict text)."""
     from tqdm.auto import tqdm
 
     from pipeline.accel import make_accelerator
     from pipeline.inference.first_token import compute_first_token_only
 
-    if run.task.predictions is None:
-        raise ValueError(f"task={run.task.name} generates text: use --prompt, --prompts FILE or --chat")
+    from pipeline.data.io import conversation
+
     cfg = run.cfg
     accelerator = make_accelerator()
     precision, _ = backends.resolve(cfg.eval, accelerator.device.type)
     runtime = cfg.eval.runtime
     pieces = inputs.plan(path, source, part_bytes)
-    out = resumable.Output(output, key(run, path, source, part_bytes, precision, runtime))
+    settings = (precision, runtime, None if lm is None else (lm.sampling, lm.perplexity))
+    out = resumable.Output(output, key(run, path, source, part_bytes, settings))
     compute_first_token_only(run.model)
     model = run.model.to(accelerator.device).eval()
     onnx_dir = None
@@ -126,15 +160,16 @@ def predict_file(run: Loaded, path: Path, output: Path, source: Any, part_bytes:
         from pipeline.inference import onnx_export
 
         onnx_dir = onnx_export.cache_dir(run.ckpt, model, precision)
-    ready = backends.for_inference(model, precision, accelerator.device, runtime, onnx_dir, cfg.run_dir)
+    ready = None if lm is not None else backends.for_inference(model, precision, accelerator.device, runtime, onnx_dir,
+                                                                cfg.run_dir)
+    infer_args = (accelerator, precision, runtime, onnx_dir, ready)
     counts = {"documents": 0, "skipped_by_clean": 0, "bad_lines": 0, "empty": 0, "parts": len(pieces)}
     if out.resumed:
         print(f"resuming {output}: {out.parts} of {len(pieces)} parts done", file=sys.stderr)
     bar = tqdm(total=len(pieces), initial=out.parts, unit="part", desc="predict", disable=not progress)
     try:
         for batch in inputs.batches(path, pieces, source, cfg, run.prepared.tokenizer_dir, out.parts, out.records):
-            rows = _rows(batch, _outputs(run, model, batch, accelerator, precision, runtime, onnx_dir, ready),
-                         run.task, run.prepared.info)
+            rows = _rows(batch, _predicted(run, batch, model, infer_args, lm, conversation.conversational(source)))
             out.commit(rows, len(batch.ids) + batch.bad + batch.empty)
             _count(counts, rows, batch)
             bar.update(1)
