@@ -55,7 +55,8 @@ def classifier_run(root: Path) -> tuple[Path, list[str]]:
         for weight in (p for p in model.bert.parameters() if p.dim() == 2):
             weight.mul_(8.0)
         model.classifier.weight.mul_(10.0)
-    rundir.export_final(model, tok, cfg.run_dir / "final")
+    state = {"step": 0, "epoch": 0, "fingerprints": {"data": prepared.fingerprint}}  # for the model card
+    rundir.export_final(model, tok, cfg.run_dir / "final", state=state)
     model.config.save_pretrained(cfg.run_dir / "model_config")
     (cfg.run_dir / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     return cfg.run_dir, args

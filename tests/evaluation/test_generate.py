@@ -34,7 +34,8 @@ def _export(config: Path, seed: int = 0) -> Path:
     tok = build.load_tokenizer(prepared.tokenizer_dir, cfg.model.from_scratch)
     torch.manual_seed(seed)
     model = task.build_model(cfg, tok, prepared.info)
-    rundir.export_final(model, tok, cfg.run_dir / "final")
+    state = {"step": 0, "epoch": 0, "fingerprints": {"data": prepared.fingerprint}}  # for the model card
+    rundir.export_final(model, tok, cfg.run_dir / "final", state=state)
     (cfg.run_dir / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
     return cfg.run_dir
 
@@ -165,3 +166,18 @@ def test_chat_ends_cleanly_on_ctrl_d_and_ctrl_c(chat_run, tmp_path):
     err = proc.stderr.read()
     assert "assistant> " in log.read_text()
     assert proc.returncode == 0 and "Traceback" not in err and "interrupted" not in err, err
+
+
+def test_model_card_shows_prompt_and_chat_commands(lm_run, capsys):
+    import shlex
+
+    from pipeline.checks import load_config
+    from pipeline.training import card
+
+    body = card.render(load_config(lm_run / "config.yaml"), lm_run)
+    lines = [s for s in body.splitlines() if s.startswith("python pipeline/predict.py")]
+    assert [shlex.split(s)[4] for s in lines] == ["--prompt", "--chat", "--input"]
+    argv = shlex.split(lines[0])[2:]
+    argv[argv.index("--max-new-tokens") + 1] = "4"  # the tiny model has 16 positions
+    assert main("predict", argv) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["prompt"] == "Hello"

@@ -170,3 +170,20 @@ def test_not_a_finished_run(run, tmp_path):
         main("predict", ["--run", str(tmp_path), "--input", str(test_raw)])
     with pytest.raises(ValueError, match=r"clean\.\*: predict.py uses the run's recorded clean settings"):
         main("predict", ["--run", str(run_dir), "--input", str(test_raw), "clean.lowercase=true"])
+
+
+def test_model_card_shows_a_predict_command_that_runs(run, tmp_path):
+    import shlex
+
+    from pipeline.checks import load_config
+    from pipeline.training import card
+
+    run_dir, _, test_raw = run
+    body = card.render(load_config(run_dir / "config.yaml"), run_dir)
+    assert f'pipe = pipeline("text-classification", model="{run_dir / "final"}")' in body
+    (line,) = [s for s in body.splitlines() if s.startswith("python pipeline/predict.py")]
+    argv = shlex.split(line)[2:]
+    argv[argv.index("new.csv")] = str(test_raw)
+    argv[argv.index("predictions.jsonl")] = str(tmp_path / "card.jsonl")
+    assert main("predict", [*argv, "--quiet"]) == 0
+    assert len(_jsonl(tmp_path / "card.jsonl")) == len(_jsonl(test_raw))
