@@ -142,17 +142,14 @@ def predict_file(run: Loaded, path: Path, output: Path, source: Any, part_bytes:
     from tqdm.auto import tqdm
 
     from pipeline.accel import make_accelerator
-    from pipeline.inference.first_token import compute_first_token_only
-
     from pipeline.data.io import conversation
+    from pipeline.inference.first_token import compute_first_token_only
 
     cfg = run.cfg
     accelerator = make_accelerator()
     precision, _ = backends.resolve(cfg.eval, accelerator.device.type)
     runtime = cfg.eval.runtime
     pieces = inputs.plan(path, source, part_bytes)
-    settings = (precision, runtime, None if lm is None else (lm.sampling, lm.perplexity))
-    out = resumable.Output(output, key(run, path, source, part_bytes, settings))
     compute_first_token_only(run.model)
     model = run.model.to(accelerator.device).eval()
     onnx_dir = None
@@ -163,6 +160,8 @@ def predict_file(run: Loaded, path: Path, output: Path, source: Any, part_bytes:
     ready = None if lm is not None else backends.for_inference(model, precision, accelerator.device, runtime, onnx_dir,
                                                                 cfg.run_dir)
     infer_args = (accelerator, precision, runtime, onnx_dir, ready)
+    settings = (precision, runtime, None if lm is None else (lm.sampling, lm.perplexity))
+    out = resumable.Output(output, key(run, path, source, part_bytes, settings))  # after every check: no empty file
     counts = {"documents": 0, "skipped_by_clean": 0, "bad_lines": 0, "empty": 0, "parts": len(pieces)}
     if out.resumed:
         print(f"resuming {output}: {out.parts} of {len(pieces)} parts done", file=sys.stderr)

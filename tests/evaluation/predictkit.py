@@ -38,8 +38,8 @@ def classifier_run(root: Path) -> tuple[Path, list[str]]:
 
     from pipeline.data.prepared import load_prepared
     from pipeline.training import rundir
-    from tests.evalworld import _model
     from tests.evaluation.test_test_set import write_source
+    from tests.evalworld import _model
 
     src = root / "source.jsonl"
     write_source(src)
