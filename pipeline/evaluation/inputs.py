@@ -55,63 +55,62 @@ def plan(path: Path, cfg: SourceConfig, part_bytes: int) -> list[parts.Part]:
 
 @dataclass
 class Batch:
-    """One part's documents: their ids (the source's id column, else the record's number in the input, from 0), texts
-    as the model saw them, what clean dropped (reason per document, "" = kept), and the tokenized chunks of the kept
-    ones (`rows`: columns of the tokenize stage plus `doc`, the document's index in this batch)."""
+    """One part's documents, in input order: their ids (the source's id column, else the record's number among the
+    input's readable records, from 0), texts as the model saw them, why each was left out ("" = kept: an empty
+    text, or what clean drops), and the tokenized chunks of the kept ones (`rows`: the tokenize stage's columns
+    plus `doc`, the document's index in this batch)."""
 
     ids: list
     texts: list[str]
     dropped: list[str]
     rows: dict = field(default_factory=dict)
-    bad: int = 0  # records --bad-lines skip skipped in this part
-    empty: int = 0  # records with an empty text (load drops them: no document)
+    bad: int = 0  # records --bad-lines skip skipped in this part (no output row, as prepare drops them)
 
 
-def read(path: Path, cfg: SourceConfig, part: parts.Part, first_record: int) -> tuple[Any, int, int]:
-    """One part's rows (the load stage's contract: id, text) and (bad records skipped, empty texts dropped). A record
-    without the text field is one line naming the file and record, or (source.bad_lines=skip) skipped and counted."""
+def read(path: Path, cfg: SourceConfig, part: parts.Part, first_record: int) -> tuple[dict | None, int]:
+    """One part's rows as the load stage's string columns (load.string_columns), and the bad records skipped. A
+    record without the text field is one line naming the file and record, or (source.bad_lines=skip) skipped and
+    counted."""
+    import pyarrow.compute as pc
+
     where = str(path)
     table, facts = formats.read_part(path, cfg, part, lines=cfg.format == "jsonl")
     if facts.error is not None:
         raise ValueError(facts.error[2])
-    if facts.rows and facts.parsed is None and not facts.lines:
-        readers.check_columns(list(table.column_names), cfg, where)
-    elif facts.lines and facts.rows:
-        readers.check_columns(list(facts.columns), cfg, where)
+    if facts.rows:
+        readers.check_columns(list(facts.columns) if facts.lines else list(table.column_names), cfg, where)
     bad = facts.bad
-    if table is not None and table.num_rows and TEXT in table.column_names:
-        missing = table.column(TEXT).is_null()
-        if missing.true_count if hasattr(missing, "true_count") else sum(missing.to_pylist()):
-            at = missing.to_pylist().index(True)
-            if cfg.bad_lines != "skip":
-                raise ValueError(f"{where}: record {first_record + at + 1} has no '{cfg.messages_field or cfg.text_field}' "
-                                 f"field (source.text_field); fix it or pass --bad-lines skip")
-            import pyarrow.compute as pc
-
-            bad += missing.true_count if hasattr(missing, "true_count") else sum(missing.to_pylist())
-            table = table.filter(pc.invert(missing))
     if table is None or not table.num_rows:
-        return None, bad, 0
-    cols, empty = load.finish_rows(table, cfg, where, None)
-    return cols, bad, empty
+        return None, bad
+    missing = table.column(TEXT).is_null()
+    if n_missing := pc.sum(missing).as_py() or 0:
+        if cfg.bad_lines != "skip":
+            at = missing.to_pylist().index(True)
+            raise ValueError(f"{where}: record {first_record + at + 1} has no '{cfg.messages_field or cfg.text_field}' "
+                             f"field (source.text_field); fix it or pass --bad-lines skip")
+        bad += n_missing
+        table = table.filter(pc.invert(missing))
+    return load.string_columns(table, cfg, where), bad
 
 
-def prepare_part(cols: Any, record: int, run_cfg: Any, source: SourceConfig, encode: Any, bad: int, empty: int) -> Batch:
+def prepare_part(cols: dict | None, record: int, run_cfg: Any, source: SourceConfig, encode: Any, bad: int) -> Batch:
     """The part's documents cleaned (clean.clean_texts, the run's clean settings), chunked (split.chunk_text) and
     tokenized (`encode`: tokenize.saved_encoder's batch function)."""
     texts = cols[TEXT].to_pylist() if cols is not None else []
     ids = cols["id"].to_pylist() if cols is not None and "id" in cols else list(range(record, record + len(texts)))
+    kept = load.nonempty(cols[TEXT]).to_pylist() if texts else []
+    whole = bool(source.text_pair_field) or conversation.conversational(source)  # a pair or conversation: one piece
     cleaned, reasons = clean.clean_texts(texts, run_cfg.clean, conversation.conversational(source), pair.paired(source))
+    reasons = [reason if ok else "empty" for reason, ok in zip(reasons, kept)]
     chunks, docs = [], []
     for k, (text, reason) in enumerate(zip(cleaned, reasons)):
-        if reason:
-            continue
-        pieces = split.chunk_text(text, run_cfg.split) if not (source.text_pair_field or conversation.conversational(source)) else [text]
-        chunks += pieces
-        docs += [k] * len(pieces)
+        if not reason:
+            pieces = [text] if whole else split.chunk_text(text, run_cfg.split)
+            chunks += pieces
+            docs += [k] * len(pieces)
     rows = encode({TEXT: chunks}) if chunks else {"input_ids": []}
     rows = {k: v for k, v in rows.items() if k != "truncated"}
-    return Batch(ids=ids, texts=cleaned, dropped=reasons, rows={**rows, "doc": docs}, bad=bad, empty=empty)
+    return Batch(ids=ids, texts=cleaned, dropped=reasons, rows={**rows, "doc": docs}, bad=bad)
 
 
 def batches(path: Path, pieces: list, source: SourceConfig, run_cfg: Any, tokenizer_dir: Path,
@@ -123,10 +122,10 @@ def batches(path: Path, pieces: list, source: SourceConfig, run_cfg: Any, tokeni
     for k, piece in enumerate(pieces):
         if k < start:
             continue
-        cols, bad, empty = read(path, source, piece, record)
-        batch = prepare_part(cols, record, run_cfg, source, encode, bad, empty)
-        record += len(batch.ids) + bad + empty
-        total += len(batch.ids) + bad + empty
+        cols, bad = read(path, source, piece, record)
+        batch = prepare_part(cols, record, run_cfg, source, encode, bad)
+        record += len(batch.ids)
+        total += len(batch.ids) + bad
         yield batch
     if start == 0 and total == 0:
         raise ValueError(f"{path}: no rows to read (the input holds no records)")

@@ -130,9 +130,9 @@ def _outputs(run: Loaded, model: Any, batch: inputs.Batch, accelerator: Any, pre
 
 def _count(counts: dict, rows: list[dict], batch: inputs.Batch) -> None:
     counts["documents"] += len(rows)
-    counts["skipped_by_clean"] += sum(1 for r in batch.dropped if r)
+    counts["skipped_by_clean"] += sum(1 for r in batch.dropped if r and r != "empty")
+    counts["empty"] += sum(1 for r in batch.dropped if r == "empty")
     counts["bad_lines"] += batch.bad
-    counts["empty"] += batch.empty
 
 
 def predict_file(run: Loaded, path: Path, output: Path, source: Any, part_bytes: int, progress: bool = True,
@@ -169,7 +169,7 @@ def predict_file(run: Loaded, path: Path, output: Path, source: Any, part_bytes:
     try:
         for batch in inputs.batches(path, pieces, source, cfg, run.prepared.tokenizer_dir, out.parts, out.records):
             rows = _rows(batch, _predicted(run, batch, model, infer_args, lm, conversation.conversational(source)))
-            out.commit(rows, len(batch.ids) + batch.bad + batch.empty)
+            out.commit(rows, len(batch.ids))
             _count(counts, rows, batch)
             bar.update(1)
     except ValueError:

@@ -187,3 +187,18 @@ def test_model_card_shows_a_predict_command_that_runs(run, tmp_path):
     argv[argv.index("predictions.jsonl")] = str(tmp_path / "card.jsonl")
     assert main("predict", [*argv, "--quiet"]) == 0
     assert len(_jsonl(tmp_path / "card.jsonl")) == len(_jsonl(test_raw))
+
+
+def test_every_row_has_an_output_row_in_input_order(run, tmp_path):
+    """An empty text and a row clean drops keep their place, saying why; ids without an id column: record numbers."""
+    run_dir, _, _ = run
+    src = tmp_path / "gaps.tsv"
+    src.write_text("text\ngood love\n   \nbad awful\nRT @someone: \nfine\n", encoding="utf-8")
+    out = tmp_path / "gaps.jsonl"
+    assert main("predict", ["--run", str(run_dir), "--input", str(src), "--output", str(out), "--quiet",
+                            "source.id_field="]) == 0
+    rows = _jsonl(out)
+    assert [r["id"] for r in rows] == [0, 1, 2, 3, 4]
+    assert rows[1] == {"id": 1, "skipped": "empty"}
+    assert rows[3] == {"id": 3, "skipped": "empty_after_clean"}  # a retweet marker and a mention: nothing left
+    assert all("label" in rows[k] for k in (0, 2, 4))
