@@ -187,6 +187,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--big-mb", type=float, default=1024)
+    parser.add_argument("--small-mb", type=float, default=64, help="the smaller input, for peak RSS against size")
     parser.add_argument("--doc-kb", type=int, default=64)
     parser.add_argument("--skip", choices=("throughput", "big"), help="leave one part out")
     args = parser.parse_args()
@@ -198,7 +199,7 @@ def main() -> None:
         if args.skip != "big":
             print("\n| input | documents | first process | second process | peak RSS | output |")
             print("|---|---:|---|---|---:|---|")
-            for mb in (64, args.big_mb):
+            for mb in (args.small_mb, args.big_mb):
                 big_input(run_dir, mb, args.doc_kb, ["--precision", "int8", "--runtime", "onnxruntime"], tmp)
 
 
