@@ -77,6 +77,9 @@ def read(path: Path, cfg: SourceConfig, part: parts.Part, first_record: int) -> 
     table, facts = formats.read_part(path, cfg, part, lines=cfg.format == "jsonl")
     if facts.error is not None:
         raise ValueError(facts.error[2])
+    if facts.quoted:  # the Ray engine reads such a file whole; here the parts are the resume's unit, fixed at the start
+        raise ValueError(f"{where}: a quote that the CSV's part planner cannot follow (parts.py); read it as one part "
+                         f"with --part-mb larger than the file ({_size(path) / 2**20:.0f} MB)")
     if facts.rows:
         readers.check_columns(list(facts.columns) if facts.lines else list(table.column_names), cfg, where)
     bad = facts.bad

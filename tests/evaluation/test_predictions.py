@@ -202,3 +202,27 @@ def test_every_row_has_an_output_row_in_input_order(run, tmp_path):
     assert rows[1] == {"id": 1, "skipped": "empty"}
     assert rows[3] == {"id": 3, "skipped": "empty_after_clean"}  # a retweet marker and a mention: nothing left
     assert all("label" in rows[k] for k in (0, 2, 4))
+
+
+def test_a_csv_in_many_parts_keeps_quoted_line_breaks_and_order(run, tmp_path):
+    """CSV parts are moved to record starts by their quote counts (the Ray engine's rule): a quoted value holding a
+    line break or a comma is one record, whichever part it straddles; a quote the rule cannot follow is one line."""
+    import csv
+
+    run_dir, _, _ = run
+    src = tmp_path / "many.csv"
+    with open(src, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", "text"])
+        for i in range(300):
+            writer.writerow([f"c{i}", f"good, bad\nline {i}" if i % 7 == 0 else f"fine okay {i}"])
+    out = tmp_path / "many.out.jsonl"
+    assert main("predict", ["--run", str(run_dir), "--input", str(src), "--output", str(out), "--quiet",
+                            "--part-mb", "0.001"]) == 0
+    assert [r["id"] for r in _jsonl(out)] == [f"c{i}" for i in range(300)]
+    odd = tmp_path / "odd.csv"
+    odd.write_text("id,text\n" + "".join(f'c{i},say x"y {i}\n' for i in range(300)), encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"{odd}: a quote that the CSV's part planner cannot follow.*--part-mb"):
+        main("predict", ["--run", str(run_dir), "--input", str(odd), "--output", str(tmp_path / "odd.jsonl"),
+                         "--quiet", "--part-mb", "0.001"])
+    assert not (tmp_path / "odd.jsonl").exists()  # nothing written, nothing left
