@@ -148,6 +148,7 @@ def _chat_process(run_dir: Path, stdout=subprocess.PIPE) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
 
 
+@pytest.mark.slow  # two fresh interpreters (~10 s); the fast member: test_chat_keeps_the_conversation (Ctrl-D ends it)
 def test_chat_ends_cleanly_on_ctrl_d_and_ctrl_c(chat_run, tmp_path):
     proc = _chat_process(chat_run)
     out, err = proc.communicate("q1 w1\nq2 w2\n", timeout=120)  # then end of input: Ctrl-D

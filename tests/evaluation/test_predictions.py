@@ -97,7 +97,7 @@ def test_resume_after_sigkill_writes_every_row_once(run, tmp_path):
 
     run_dir, _, _ = run
     src = tmp_path / "many.jsonl"
-    many_rows(src, 3000)
+    many_rows(src, 1500)
     common = ["--run", str(run_dir), "--input", str(src), "--quiet", "--precision", "fp32", "--part-mb", "0.002"]
     whole = tmp_path / "whole.jsonl"
     assert main("predict", [*common, "--output", str(whole)]) == 0
@@ -113,12 +113,12 @@ def test_resume_after_sigkill_writes_every_row_once(run, tmp_path):
         time.sleep(0.005)
     child.wait(60)
     assert child.returncode == -signal.SIGKILL, (tmp_path / "child.err").read_text()
-    done = json.loads(progress.read_text())["parts"]
-    assert 3 <= done < 400  # killed mid-run
+    assert json.loads(progress.read_text())["parts"] >= 3
+    assert out.stat().st_size < whole.stat().st_size  # killed mid-run
     assert main("predict", [*common, "--output", str(out)]) == 0
     assert not progress.exists()
     assert out.read_bytes() == whole.read_bytes()  # every row exactly once, as the uninterrupted run wrote them
-    assert [r["id"] for r in _jsonl(out)] == [f"n{i}" for i in range(3000)]
+    assert [r["id"] for r in _jsonl(out)] == [f"n{i}" for i in range(1500)]
 
 
 def test_resume_refuses_other_settings_and_finished_outputs(run, tmp_path):
