@@ -40,8 +40,18 @@ class Output:
 
     def __init__(self, path: Path, key: str):
         self.path, self.key, self.progress = Path(path), key, progress_path(Path(path))
+        self._lock = _lock(self.path)  # one writer: two runs appending to one output would repeat rows
         self.csv = self.path.suffix.lower() == ".csv"
         self.parts, self.records, self.columns, self.resumed = 0, 0, None, False
+        try:
+            self._open()
+        except BaseException:
+            self.release()
+            raise
+
+    def _open(self) -> None:
+        """Resume from the progress record, refuse another prediction's or a finished output, or start the file."""
+        key = self.key
         rec = artifacts.read_json(self.progress) if self.progress.is_file() else None
         if rec is not None and rec.get("key") != key and not rec.get("parts"):
             rec = None  # nothing was written under the other settings: this prediction starts the file afresh
@@ -98,8 +108,34 @@ class Output:
         if self.parts == 0:
             self.path.unlink(missing_ok=True)
             self.progress.unlink(missing_ok=True)
+        self.release()
 
     def finish(self) -> None:
         """The output complete: its progress record removed."""
         self.progress.unlink(missing_ok=True)
         artifacts.fsync_path(self.path.parent)
+        self.release()
+
+    def release(self) -> None:
+        lock_path(self.path).unlink(missing_ok=True)
+        self._lock.close()
+
+
+def lock_path(output: Path) -> Path:
+    return output.with_name(output.name + ".lock")
+
+
+def _lock(output: Path):
+    """An exclusive flock on `<output>.lock`, held while this process writes; the kernel drops it when the process
+    ends, however it ends (a SIGKILLed run's lock does not stop its resume). Another live run: one line."""
+    import fcntl
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    f = open(lock_path(output), "a+")  # noqa: SIM115 - held open for the run
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise ValueError(f"{output} is being written by another predict.py run (it holds {lock_path(output)}); "
+                         f"wait for it or stop it, then run this command again to continue") from None
+    return f

@@ -226,3 +226,21 @@ def test_a_csv_in_many_parts_keeps_quoted_line_breaks_and_order(run, tmp_path):
         main("predict", ["--run", str(run_dir), "--input", str(odd), "--output", str(tmp_path / "odd.jsonl"),
                          "--quiet", "--part-mb", "0.001"])
     assert not (tmp_path / "odd.jsonl").exists()  # nothing written, nothing left
+
+
+def test_a_second_run_on_the_same_output_is_refused_while_the_first_writes(run, tmp_path):
+    """Two runs appending to one output would write rows twice: the second is one line, and the first's lock goes
+    with its process (a lock file left by a killed run does not stop the resume)."""
+    import fcntl
+
+    run_dir, _, test_raw = run
+    out = tmp_path / "p.jsonl"
+    lock = tmp_path / "p.jsonl.lock"
+    with open(lock, "a+") as held:  # a live run's lock
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ValueError, match=rf"{out} is being written by another predict.py run"):
+            main("predict", ["--run", str(run_dir), "--input", str(test_raw), "--output", str(out), "--quiet"])
+    assert not out.exists()
+    assert lock.exists()  # as a killed run leaves it: not locked, so it does not stop the next run
+    assert main("predict", ["--run", str(run_dir), "--input", str(test_raw), "--output", str(out), "--quiet"]) == 0
+    assert len(_jsonl(out)) == len(_jsonl(test_raw)) and not lock.exists()
