@@ -90,6 +90,12 @@ def raise_if_interrupted() -> None:
         raise KeyboardInterrupt
 
 
+def clear_interrupt() -> None:
+    """Forget a Ctrl-C that the command took as its way to end (predict.py --chat quits on it, exit 0)."""
+    global _ctrl_c_seen
+    _ctrl_c_seen = False
+
+
 def _message(e: BaseException) -> str:
     if isinstance(e, KeyError) and e.args:
         return str(e.args[0])

@@ -87,6 +87,11 @@ class Task:
     # (classification: label; causal_lm: lm): in the split's fingerprint with the task's strata, and repeated by the
     # prepare command an error suggests
     sections: tuple[str, ...] = ()
+    # predict.py: (outputs of shape (rows, k) as predict_logits gives them, each row's document index, ascending, data
+    # info after check_model) -> one dict per document in that order: what the model says of it (classification: label
+    # and class probabilities from the mean of its chunks' logits, as evaluate's documents.jsonl); None: the task
+    # predicts by generating (causal_lm, instruct: predict.py's generation)
+    predictions: Callable[..., list] | None = None
     # the task reads sentence pairs (source.text_pair_field: a row's text is two texts, pipeline/data/io/pair.py)
     pairs: bool = False
     # the most tokens one example of the prepared data holds, what a model's positions must cover: (cfg, data info)

@@ -1,6 +1,6 @@
-"""Every command the README and docs/ show for an entry script (prepare.py, train.py, evaluate.py, sweep.py) parses
-with that script's own argument parser, loads its config with every override and passes the checks the script
-makes before any work; a prepare command also passes the checks prepare makes before its first stage
+"""Every command the README and docs/ show for an entry script (prepare.py, train.py, evaluate.py, predict.py,
+sweep.py) parses with that script's own argument parser, loads its config with every override and passes the checks
+the script makes before any work; a prepare command also passes the checks prepare makes before its first stage
 (runner.check_before_stages). docs/long-documents.md's recipe was refused by such a check ("128 less its 127
 special tokens") while the docs said it ran: a documented command cannot rot unnoticed now.
 
@@ -17,7 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-SCRIPTS = ("prepare", "train", "evaluate", "sweep")
+SCRIPTS = ("prepare", "train", "evaluate", "predict", "sweep")
 _COMMAND = re.compile(r"(?:python|accelerate launch)\b[^&;#]*?pipeline/(?:" + "|".join(SCRIPTS) + r")\.py[^&;#\n]*")
 _ASSIGN = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)=(\"[^\"]*\"|'[^']*'|\S+)\s*$")
 
@@ -70,6 +70,17 @@ def _stop_before_work(script: str, monkeypatch) -> None:
         monkeypatch.setattr(study, "open_sweep", opened)
         return
 
+    if script == "predict":  # its config is the run's recorded one: the overrides are checked on the default's
+
+        def recorded(args):
+            from pipeline.config import arg_overrides
+
+            checks.load_config(args.config, arg_overrides(args))
+            raise _Checked
+
+        monkeypatch.setattr(module, "config_from_args", recorded)
+        return
+
     def configured(args, extra=None):
         cfg = checks.config_from_args(args, extra)
         if script == "prepare":
@@ -87,7 +98,7 @@ def test_the_docs_show_commands_of_every_entry_script():
     scripts = {script for _, script, _ in COMMANDS}
     assert scripts == set(SCRIPTS) and len(COMMANDS) >= 20, COMMANDS
     where = {w.split(":")[0] for w, _, _ in COMMANDS}
-    assert {"README.md", "docs/long-documents.md", "docs/language-models.md", "docs/lora.md"} <= where
+    assert {"README.md", "docs/long-documents.md", "docs/language-models.md", "docs/lora.md", "docs/predict.md"} <= where
     recipe = [argv for w, s, argv in COMMANDS if w.startswith("docs/long-documents.md") and s == "prepare"]
     assert recipe and "tokenize.truncation=head_tail" in recipe[0] and "tokenize.max_length=128" in recipe[0]
 

@@ -62,7 +62,7 @@ def _place(index: np.ndarray, logits: np.ndarray, n: int) -> np.ndarray:
 def predict_logits(
     model: Any, dataset: Any, batch_size: int, accelerator: Any, precision: str = "fp32", progress: bool = True,
     runtime: str = "torch", onnx_dir: Any = None, scratch: Any = None, outputs: Any = None, columns: tuple = (),
-    width: int = 0,
+    width: int = 0, ready: Any = None,
 ) -> np.ndarray:
     """(len(dataset), k) float32 outputs in dataset order, on every process: a sequence classifier's logits
     (k = num_labels), or with `outputs` (a task's own per-row outputs, Task.outputs, of `columns`) k = `width`.
@@ -70,7 +70,8 @@ def predict_logits(
     `precision` (backends.PRECISIONS) and `runtime` (backends.RUNTIMES) are applied here, so
     evaluate.py and validation run them alike; int8 and onnxruntime work on a copy or an export and
     leave `model` as it was. onnx_dir / scratch: where an onnxruntime export is cached / made
-    temporarily (backends.for_inference)."""
+    temporarily (backends.for_inference). `ready`: what for_inference made of `model` already, reused (predict.py
+    calls this once per part of its input; an int8 copy or an ONNX Runtime session is made once)."""
     import torch
     from tqdm.auto import tqdm
 
@@ -80,8 +81,8 @@ def predict_logits(
     rank, world = accelerator.process_index, accelerator.num_processes
     batches = plan_batches([len(s) for s in sequences], batch_size)
     mine = shard(batches, rank, world)
-    model = backends.for_inference(model.to(accelerator.device).eval(), precision, accelerator.device,
-                                    runtime, onnx_dir, scratch)
+    model = ready if ready is not None else backends.for_inference(
+        model.to(accelerator.device).eval(), precision, accelerator.device, runtime, onnx_dir, scratch)
     pad_id, index, chunks = _pad_id(model), [], []
     multiple = pad_multiple(accelerator.device.type, 8)
     bar = tqdm(total=sum(len(b) for b in mine), unit="ex", desc=f"predict[{rank}]", disable=not (progress and accelerator.is_main_process))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 
 from pipeline import artifacts, tasks
@@ -292,10 +293,27 @@ def _use_lines(cfg, task, run_dir: Path, adapter_only: bool) -> list[str]:
     final = run_dir / "final"
     if adapter_only:
         cls = "AutoPeft" + task.model_class().__name__.removeprefix("Auto")  # AutoPeftModelForSequenceClassification
-        return ["```python", f"from peft import {cls}", f"model = {cls}.from_pretrained({_py(final / 'adapter')})",
-                "```"]
-    return ["```python", "from transformers import pipeline",
-            f"pipe = pipeline({_py(task.pipeline_tag)}, model={_py(final)})", "```"]
+        snippet = ["```python", f"from peft import {cls}", f"model = {cls}.from_pretrained({_py(final / 'adapter')})",
+                   "```"]
+    else:
+        snippet = ["```python", "from transformers import pipeline",
+                   f"pipe = pipeline({_py(task.pipeline_tag)}, model={_py(final)})", "```"]
+    return snippet + ["", *_predict_lines(task, run_dir)]
+
+
+def _predict_lines(task, run_dir: Path) -> list[str]:
+    """The predict.py commands for this run: new files cleaned and chunked as the model was trained, resumable; the
+    language models' prompts and chat."""
+    run = shlex.quote(str(run_dir))
+    if task.predictions is None:
+        return ["With this project (`python pipeline/predict.py`, [docs/predict.md](docs/predict.md)): a prompt, a "
+                "chat, or a file's rows:", "", "```bash",
+                f"python pipeline/predict.py --run {run} --prompt \"Hello\" --max-new-tokens 40",
+                f"python pipeline/predict.py --run {run} --chat",
+                f"python pipeline/predict.py --run {run} --input prompts.jsonl --perplexity", "```"]
+    return ["With this project, on a new file cleaned and chunked as the training data was (`python pipeline/predict.py`"
+            ", [docs/predict.md](docs/predict.md)):", "", "```bash",
+            f"python pipeline/predict.py --run {run} --input new.csv --output predictions.jsonl", "```"]
 
 
 def _py(value) -> str:

@@ -37,9 +37,10 @@ def test_every_field_of_the_contract_is_filled_by_every_task():
     tag and headline figures, so its model card has them."""
     names = [f.name for f in dataclasses.fields(Task) if f.default is dataclasses.MISSING]
     assert [f.name for f in dataclasses.fields(Task) if f.name not in names] == [
-        "outputs", "loss_tokens", "samples", "weighted_loss", "class_counts", "training_loss", "check_settings", "peft_task_type", "head", "final_config", "strata",
-        "pipeline_tag", "model_kind", "card_data", "card_metrics", "sections", "pairs", "max_tokens",
-        "max_tokens_setting", "margins", "output_width", "cpu_bf16_attention"]
+        "outputs", "loss_tokens", "samples", "weighted_loss", "class_counts", "training_loss", "check_settings",
+        "peft_task_type", "head", "final_config", "strata", "pipeline_tag", "model_kind", "card_data", "card_metrics",
+        "sections", "predictions", "pairs", "max_tokens", "max_tokens_setting", "margins", "output_width",
+        "cpu_bf16_attention"]
     for name, task in tasks.TASKS.items():
         assert task.name == name
         assert all(getattr(task, f) is not None for f in names), name
@@ -48,6 +49,7 @@ def test_every_field_of_the_contract_is_filled_by_every_task():
         assert task.card_metrics is not Task.card_metrics and task.card_data is not Task.card_data, name
         assert task.model_kind != "model" and all(hasattr(load_config(None), s) for s in task.sections), name
         assert (task.outputs is None) == (task.output_width == 0), name  # a task's own outputs say their width
+        assert (task.predictions is None) == (task.samples is not None), name  # predict.py: rows scored, or text generated
         assert task.class_counts is None or task.weighted_loss is not None, name  # classes to weigh: a loss to weigh
 
 

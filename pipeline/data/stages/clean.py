@@ -189,6 +189,13 @@ def _clean_batch(batch: dict, cfg: CleanConfig, conversations: bool = False, pai
     return {TEXT: texts, "_drop": reasons, "_repaired": repaired, "_suspect": suspect}
 
 
+def clean_texts(texts: list[str], cfg: CleanConfig, conversations: bool = False, pairs: str = "") -> tuple[list, list]:
+    """(cleaned texts, drop reasons: "" = kept) of `texts`, as the stage cleans a batch: predict.py cleans new rows
+    with a run's recorded settings through it."""
+    out = _clean_batch({TEXT: texts}, cfg, conversations, pairs)
+    return out[TEXT], out["_drop"]
+
+
 def _kept(table):
     """The rows a batch keeps (pyarrow mask): those without a drop reason."""
     import pyarrow.compute as pc

@@ -155,13 +155,24 @@ def finish_rows(table: pa.Table, cfg: SourceConfig, where: str, limit: int | Non
     source has one), empty texts dropped (and counted), split names normalised."""
     if limit is not None:
         table = table.slice(0, limit)
-    table = _pairs(_conversations(table, cfg, where), cfg, where)
-    cols = {name: _as_string(table, name, where) for name in COLUMNS if name != "id" or name in table.column_names}
-    keep = pc.not_equal(pc.utf8_trim_whitespace(cols[TEXT]), "")
+    cols = string_columns(table, cfg, where)
+    keep = nonempty(cols[TEXT])
     empty = len(keep) - pc.sum(keep).as_py() if len(keep) else 0
     cols = {name: pc.filter(col, keep) for name, col in cols.items()}
     cols["source_split"] = _normalise_splits(cols["source_split"])
     return cols, empty
+
+
+def string_columns(table: pa.Table, cfg: SourceConfig, where: str) -> dict:
+    """The contract's columns of a reader's rows, every one a non-null string (id only if the source has one): a
+    prompt and completion or a messages column made one conversation, a sentence pair's two texts one text."""
+    table = _pairs(_conversations(table, cfg, where), cfg, where)
+    return {name: _as_string(table, name, where) for name in COLUMNS if name != "id" or name in table.column_names}
+
+
+def nonempty(texts: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Which texts hold more than whitespace (the rows load keeps)."""
+    return pc.not_equal(pc.utf8_trim_whitespace(texts), "")
 
 
 def finish_table(cols: dict, cfg: SourceConfig) -> tuple[pa.Table, int]:

@@ -295,6 +295,16 @@ def _encoder(tok, cfg: TokenizeConfig, pairs: bool = False, types: bool = False)
     return enc, None
 
 
+def saved_encoder(folder: Path, cfg: TokenizeConfig, pairs: bool = False):
+    """The stage's batch function over the tokenizer it saved in `folder` (truncation as it ran): new rows encoded
+    as the prepared data was (predict.py)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    types = pairs and pair_types(tok) and feeds_types(folder)
+    return _encoder(tok, cfg, pairs, types)[0]
+
+
 def length_stats(lengths: list[int], truncated: list[bool]) -> dict:
     """p50/p95/max of the lengths and the fraction truncated (the rows as lists: tests, one process)."""
     table = {"length": np.asarray(lengths, dtype=np.int64), "truncated": np.asarray(truncated, dtype=bool)}

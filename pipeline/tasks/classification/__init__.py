@@ -7,7 +7,7 @@ from pipeline.data.engines.base import Stage
 from pipeline.data.stages import tokenize as tokenize_stage
 from pipeline.escape import markdown
 from pipeline.task import Task
-from pipeline.tasks.classification import collate, evaluate, label, model, report, review, score
+from pipeline.tasks.classification import aggregate, collate, evaluate, label, model, report, review, score
 
 METRICS = {"accuracy": True, "macro_f1": True, "loss": False}  # metric_for_best: True where higher is better
 
@@ -103,6 +103,7 @@ TASK = Task(
     evaluate=evaluate.evaluate,
     write_report=evaluate.write_report,
     summary=report.format_table,
+    predictions=aggregate.predictions,
     peft_task_type="SEQ_CLS",
     head=head,
     pipeline_tag="text-classification",

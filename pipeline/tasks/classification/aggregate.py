@@ -68,6 +68,18 @@ def aggregate_documents(ids: list[str], logits: np.ndarray, labels: np.ndarray) 
     return Documents(ids=docs.ids, logits=docs.mean(logits), labels=labels[docs.first], num_chunks=docs.counts)
 
 
+def by_document(docs: list[int], outputs: np.ndarray) -> np.ndarray:
+    """(documents, k): the mean of each document's rows of `outputs`, documents in first-seen order of `docs`."""
+    return group(list(docs)).mean(outputs)
+
+
+def predictions(outputs: np.ndarray, docs: list[int], info: dict) -> list[dict]:
+    """Task.predictions: each document's label and class probabilities, the softmax of its chunks' mean logits."""
+    names = info["label_names"]
+    return [{"label": names[int(p.argmax())], "probabilities": dict(zip(names, map(float, p)))}
+            for p in softmax(by_document(docs, outputs))]
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise probabilities of (n, classes) logits, computed stably."""
     shifted = logits - logits.max(axis=1, keepdims=True)

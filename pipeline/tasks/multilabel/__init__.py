@@ -104,6 +104,7 @@ TASK = dataclasses.replace(
     evaluate=evaluate.evaluate,
     write_report=evaluate.write_report,
     summary=report.format_table,
+    predictions=evaluate.predictions,
     final_config=final_config,
     strata=label.strata,
     model_kind="multi-label text classifier",

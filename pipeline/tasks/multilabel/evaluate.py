@@ -27,6 +27,14 @@ def documents(ids: list[str], logits: np.ndarray, targets: np.ndarray, label_nam
                                num_chunks=docs.counts)
 
 
+def predictions(outputs: np.ndarray, docs: list[int], info: dict) -> list[dict]:
+    """Task.predictions: each document's labels whose sigmoid of its chunks' mean logits reaches their threshold (the
+    model's tuned ones, final/config.json), and every label's probability."""
+    names, cut = info["label_names"], score.thresholds(info)
+    return [{"labels": report.names(p >= cut, names), "probabilities": dict(zip(names, map(float, p)))}
+            for p in score.sigmoid(aggregate.by_document(docs, outputs))]
+
+
 def _documents(dataset: Any, logits: np.ndarray, label_names: list[str]) -> aggregate.Documents:
     return documents(dataset["id"][:], logits, score.targets(dataset, len(label_names)), label_names)
 

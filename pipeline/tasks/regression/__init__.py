@@ -74,6 +74,7 @@ TASK = dataclasses.replace(
     evaluate=evaluate.evaluate,
     write_report=evaluate.write_report,
     summary=report.format_table,
+    predictions=evaluate.predictions,
     strata=strata.strata,
     model_kind="text regression model",
     card_data=card_data,

@@ -37,6 +37,12 @@ def aggregate_documents(ids: list[str], predictions: np.ndarray, targets: np.nda
                      num_chunks=docs.counts)
 
 
+def predictions(outputs: np.ndarray, docs: list[int], info: dict) -> list[dict]:
+    """Task.predictions: each document's predicted target, the mean of its chunks' (on the target's own scale, as
+    trained: label.scale is the range the data had, not a transform)."""
+    return [{"prediction": float(v)} for v in aggregate.by_document(docs, outputs[:, :1])[:, 0]]
+
+
 def _documents(dataset: Any, outputs: np.ndarray) -> Documents:
     return aggregate_documents(dataset["id"][:], outputs[:, 0], dataset["label"][:])
 
