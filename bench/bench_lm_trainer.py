@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -165,9 +166,12 @@ def main() -> None:
     if args.boundaries_none:
         variants["ours, lm.boundaries=none, fp32"] = ("ours", tmp / "ours-none")
     res: dict = {}
-    for _ in range(args.rounds):  # interleaved: the machine drifts, and a variant's best round is its speed
+    for round_ in range(args.rounds):  # interleaved: the machine drifts, and a variant's best round is its speed
         for name, (variant, out) in variants.items():
             r = spawn(variant, out, args.steps, args.warmup)
+            kept = tmp / "models" / f"{variant}-round{round_}"
+            shutil.copytree(r["model"], kept)  # the variants of a side share a run folder: each one's own final model
+            r["model"] = str(kept)
             if name not in res or r["tokens_per_s"] > res[name]["tokens_per_s"]:
                 res[name] = r
     for r in res.values():
