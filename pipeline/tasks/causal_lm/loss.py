@@ -3,8 +3,8 @@ time: the (batch x block x vocabulary) logits are never held whole.
 
 The model's own loss (transformers' ForCausalLMLoss) computes every position's logits, keeps them for backward,
 upcasts them to fp32 and takes log_softmax over the vocabulary: at configs/shakespeare.yaml's 16 x 256 x 8,000 that
-is 131 MB of fp32 logits, the same again for their log-probabilities and their gradient, and ~10% of a CPU step in
-softmax, fill and copy kernels (bench/results/train.md). Here the model runs to its last hidden state (its forward
+is 131 MB of fp32 logits, the same again for their log-probabilities and their gradient, and (a torch.profiler of
+that step, fp32) ~10% of a CPU step in log_softmax, its backward and the fill of the gradient. Here the model runs to its last hidden state (its forward
 asked for one position's logits only: `logits_to_keep=1`, and the hidden states), and for each chunk of positions
 the forward computes the logits, their log-sum-exp, the loss and, at once, the gradients of the hidden states and of
 the output weight (softmax - target, the classic closed form), so backward only scales the saved gradients. The same
