@@ -143,9 +143,12 @@ def test_chat_keeps_the_conversation(chat_run, monkeypatch):
 
 def _chat_process(run_dir: Path, stdout=subprocess.PIPE) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # SIGINT back to its default in the child: a pytest-xdist worker ignores it, a child would inherit that (and
+    # Python installs no KeyboardInterrupt handler for a signal ignored at start), so Ctrl-C would never arrive
     return subprocess.Popen([sys.executable, str(REPO / "pipeline" / "predict.py"), "--run", str(run_dir), "--chat",
                              "--max-new-tokens", "3"], stdin=subprocess.PIPE, stdout=stdout,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 @pytest.mark.slow  # two fresh interpreters (~10 s); the fast member: test_chat_keeps_the_conversation (Ctrl-D ends it)

@@ -21,8 +21,11 @@ calls = {"n": 0}
 def poison(module, args, out):
     if module.training:
         calls["n"] += 1
-        if calls["n"] >= first:
-            out.loss = out.loss * float("nan")
+        if calls["n"] >= first:  # the model's own loss, or what the task's own loss reads (causal_lm's hidden states)
+            if out.loss is not None:
+                out.loss = out.loss * float("nan")
+            if getattr(out, "hidden_states", None) is not None:
+                out.hidden_states = (*out.hidden_states[:-1], out.hidden_states[-1] * float("nan"))
     return out
 
 

@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 from pipeline.data.engines.base import StageContext, StageResult
 from pipeline.data.engines.ops import SPLITS, TEXT
 from pipeline.schema import LabelConfig
-from pipeline.tasks.classification import review
+import pipeline.tasks.classification.review as review  # the module alone: not the package, in the stage's code fingerprint
 
 MISSING = "<missing>"  # how an empty raw label that no rule matched is reported
 
