@@ -33,6 +33,15 @@ REPORT = "label_audit.jsonl"  # in the run folder: the train documents, most sus
 METHOD = "aum-ranked, confident-joint count"  # the report's method (metrics.jsonl's event, the card)
 
 
+def for_run(t, task, train_ds, info: dict, acc) -> "LabelAudit | None":
+    """train.label_audit: an empty record of every train row (its rows' batches are this process's), or None."""
+    if not t.label_audit:
+        return None
+    return LabelAudit(len(train_ds), len(info.get("label_names") or ()), task.margins,
+                      np.asarray(train_ds["length"][:], dtype=np.int64), t.seed, t.batch_size, acc.num_processes,
+                      acc.process_index, t.group_by_length)
+
+
 class LabelAudit:
     """This process's record: per train row, its margins' sum, the times it was seen, and its logits' sum."""
 

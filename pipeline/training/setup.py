@@ -319,19 +319,7 @@ def _build(cfg: Config, config_path: str, prep, tok, acc, precision: build.Preci
                  steps_per_epoch=spe, precision=precision, log=log, config_path=config_path, base=base,
                  eval_precision=backends.resolve(cfg.eval, acc.device.type, precision.run),
                  loss_weights=None if weights is None else weights.to(acc.device), loss_fn=loss_fn,
-                 forward=forward, audit=_audit(cfg, task, train_ds, prep.info, acc))
-
-
-def _audit(cfg: Config, task, train_ds, info: dict, acc):
-    """train.label_audit: an empty record of every train row (its rows' batches are this process's), or None."""
-    if not cfg.train.label_audit:
-        return None
-    import numpy as np
-
-    t = cfg.train
-    return audit.LabelAudit(len(train_ds), len(info.get("label_names") or ()), task.margins,
-                            np.asarray(train_ds["length"][:], dtype=np.int64), t.seed, t.batch_size,
-                            acc.num_processes, acc.process_index, t.group_by_length)
+                 forward=forward, audit=audit.for_run(cfg.train, task, train_ds, prep.info, acc))
 
 
 def class_weights(t, task, train_ds, info: dict):

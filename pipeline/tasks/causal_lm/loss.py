@@ -14,6 +14,7 @@ gradients are the model's own to float rounding (tests: 1e-5), label smoothing i
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 from pipeline.tasks.causal_lm.collate import IGNORE
@@ -21,6 +22,7 @@ from pipeline.tasks.causal_lm.collate import IGNORE
 CHUNK_ELEMENTS = 1 << 23  # logits of one chunk: 8 M fp32 values, 32 MB (1,048 positions of an 8,000 vocabulary)
 
 
+@functools.cache  # the class is built once, torch imported only when a loss is computed
 def _fused():
     import torch
 
@@ -79,16 +81,7 @@ def fused_loss(hidden, weight, labels, smoothing: float = 0.0):
     h = hidden.reshape(-1, hidden.shape[-1])
     on = torch.is_autocast_enabled(h.device.type)
     dtype = torch.get_autocast_dtype(h.device.type) if on else h.dtype
-    return _FUSED().apply(h, weight, targets, float(smoothing), dtype)
-
-
-_CLASS: list = []
-
-
-def _FUSED():
-    if not _CLASS:
-        _CLASS.append(_fused())
-    return _CLASS[0]
+    return _fused().apply(h, weight, targets, float(smoothing), dtype)
 
 
 def _output_layer(model) -> Any:
